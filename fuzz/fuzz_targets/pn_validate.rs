@@ -1,0 +1,4 @@
+#![no_main]
+libfuzzer_sys::fuzz_target!(|_data: &[u8]| {
+    // Filled in by the pn-format work.
+});
