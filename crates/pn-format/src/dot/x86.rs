@@ -1,0 +1,354 @@
+//! x86-64 kernels (AVX2+FMA+F16C and AVX-512 F/BW, optionally VNNI) for the prepared dot products.
+//!
+//! All loads are unaligned: a block's words sit at `34*b + 2`, 4-byte aligned only in odd blocks.
+//! Block scales are converted 16 (or 8) at a time with `vcvtph2ps` into a small table.
+//!
+//! Safety contract of every function here: the CPU supports the enabled features, `row` holds
+//! `nb` blocks, the activation buffers hold `nb` blocks (i16: rounded up to an even count) and the
+//! per-block tables are zero-padded to a multiple of 16 blocks.
+
+use crate::types::{PnType, BLOCK_BYTES};
+use std::arch::x86_64::*;
+
+/// Reads `n <= 16` block scales (raw fp16) starting at block `b` into a zero-padded table.
+#[inline(always)]
+unsafe fn scale_bits(row: *const u8, b: usize, n: usize) -> [u16; 16] {
+    let mut hs = [0u16; 16];
+    for (i, h) in hs.iter_mut().enumerate().take(n) {
+        *h = std::ptr::read_unaligned(row.add(BLOCK_BYTES * (b + i)) as *const u16);
+    }
+    hs
+}
+
+/// Pointer to the 32 code bytes of block `b`.
+#[inline(always)]
+unsafe fn words(row: *const u8, b: usize) -> *const u8 {
+    row.add(BLOCK_BYTES * b + 2)
+}
+
+// ---------------------------------------------------------------- f32 activations
+
+pub unsafe fn dot_f32_avx512(ty: PnType, row: &[u8], xs: &[f32], zsum: &[f32], nb: usize) -> f32 {
+    match ty {
+        PnType::Pn3t => f32_avx512::<3, 5>(row, xs, zsum, nb),
+        PnType::Pn4t => f32_avx512::<4, 4>(row, xs, zsum, nb),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn f32_avx512<const BITS: u32, const S: usize>(
+    row: &[u8],
+    xs: &[f32],
+    zsum: &[f32],
+    nb: usize,
+) -> f32 {
+    let p = row.as_ptr();
+    let xp = xs.as_ptr();
+    let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut corr = _mm512_setzero_ps();
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(16);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i));
+        corr = _mm512_fmadd_ps(dv, _mm512_loadu_ps(zsum.as_ptr().add(b)), corr);
+        let mut ds = [0f32; 16];
+        _mm512_storeu_ps(ds.as_mut_ptr(), dv);
+        // Two accumulators in named locals (an indexed array would live in memory).
+        let mut i = 0;
+        while i + 1 < n {
+            let a0 = f32_block_avx512::<BITS, S>(p, xp, b + i);
+            let a1 = f32_block_avx512::<BITS, S>(p, xp, b + i + 1);
+            t0 = _mm512_fmadd_ps(a0, _mm512_set1_ps(ds[i]), t0);
+            t1 = _mm512_fmadd_ps(a1, _mm512_set1_ps(ds[i + 1]), t1);
+            i += 2;
+        }
+        if i < n {
+            let a0 = f32_block_avx512::<BITS, S>(p, xp, b + i);
+            t0 = _mm512_fmadd_ps(a0, _mm512_set1_ps(ds[i]), t0);
+        }
+        b += n;
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(t0, t1)) - _mm512_reduce_add_ps(corr)
+}
+
+/// `sum(n * x)` of block `b` in 16 lanes (low-half codes in lanes 0..8, high-half in 8..16).
+#[inline(always)]
+unsafe fn f32_block_avx512<const BITS: u32, const S: usize>(
+    p: *const u8,
+    xp: *const f32,
+    b: usize,
+) -> __m512 {
+    let mask = (1i32 << BITS) - 1;
+    // Low half of the broadcast words in lanes 0..8, high half shifted down in lanes 8..16.
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+    let w = _mm512_broadcast_i64x4(_mm256_loadu_si256(words(p, b) as *const __m256i));
+    let w = _mm512_srlv_epi32(w, halves);
+    let x = xp.add(b * S * 16);
+    let c0 = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(mask)));
+    let mut acc = _mm512_mul_ps(c0, _mm512_loadu_ps(x));
+    for j in 1..S {
+        let m = _mm512_set1_epi32(mask << (BITS as usize * j));
+        let c = _mm512_cvtepi32_ps(_mm512_and_si512(w, m));
+        acc = _mm512_fmadd_ps(c, _mm512_loadu_ps(x.add(16 * j)), acc);
+    }
+    acc
+}
+
+pub unsafe fn dot_f32_avx2(ty: PnType, row: &[u8], xs: &[f32], zsum: &[f32], nb: usize) -> f32 {
+    match ty {
+        PnType::Pn3t => f32_avx2::<3, 5>(row, xs, zsum, nb),
+        PnType::Pn4t => f32_avx2::<4, 4>(row, xs, zsum, nb),
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_avx2<const BITS: u32, const S: usize>(
+    row: &[u8],
+    xs: &[f32],
+    zsum: &[f32],
+    nb: usize,
+) -> f32 {
+    let p = row.as_ptr();
+    let xp = xs.as_ptr();
+    let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut corr = _mm256_setzero_ps();
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(8);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm256_cvtph_ps(_mm_loadu_si128(hs.as_ptr() as *const __m128i));
+        corr = _mm256_fmadd_ps(dv, _mm256_loadu_ps(zsum.as_ptr().add(b)), corr);
+        let mut ds = [0f32; 8];
+        _mm256_storeu_ps(ds.as_mut_ptr(), dv);
+        let mut i = 0;
+        while i + 1 < n {
+            let a0 = f32_block_avx2::<BITS, S>(p, xp, b + i);
+            let a1 = f32_block_avx2::<BITS, S>(p, xp, b + i + 1);
+            t0 = _mm256_fmadd_ps(a0, _mm256_set1_ps(ds[i]), t0);
+            t1 = _mm256_fmadd_ps(a1, _mm256_set1_ps(ds[i + 1]), t1);
+            i += 2;
+        }
+        if i < n {
+            let a0 = f32_block_avx2::<BITS, S>(p, xp, b + i);
+            t0 = _mm256_fmadd_ps(a0, _mm256_set1_ps(ds[i]), t0);
+        }
+        b += n;
+    }
+    hsum256(_mm256_add_ps(t0, t1)) - hsum256(corr)
+}
+
+/// `sum(n * x)` of block `b` in 8 lanes.
+#[inline(always)]
+unsafe fn f32_block_avx2<const BITS: u32, const S: usize>(
+    p: *const u8,
+    xp: *const f32,
+    b: usize,
+) -> __m256 {
+    let mask = (1i32 << BITS) - 1;
+    let lo = _mm256_loadu_si256(words(p, b) as *const __m256i);
+    let hi = _mm256_srli_epi32::<16>(lo);
+    let x = xp.add(b * S * 16);
+    let m = _mm256_set1_epi32(mask);
+    let mut a0 = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_and_si256(lo, m)),
+        _mm256_loadu_ps(x),
+    );
+    let mut a1 = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_and_si256(hi, m)),
+        _mm256_loadu_ps(x.add(8)),
+    );
+    for j in 1..S {
+        let m = _mm256_set1_epi32(mask << (BITS as usize * j));
+        let xj = x.add(16 * j);
+        a0 = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_and_si256(lo, m)),
+            _mm256_loadu_ps(xj),
+            a0,
+        );
+        a1 = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_and_si256(hi, m)),
+            _mm256_loadu_ps(xj.add(8)),
+            a1,
+        );
+    }
+    _mm256_add_ps(a0, a1)
+}
+
+// ---------------------------------------------------------------- int16 activations
+
+pub unsafe fn dot_i16_avx512<const VNNI: bool>(
+    ty: PnType,
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    match (ty, VNNI) {
+        (PnType::Pn3t, true) => i16_avx512_vnni::<3, 5>(row, xq, sx, zq, nb),
+        (PnType::Pn4t, true) => i16_avx512_vnni::<4, 4>(row, xq, sx, zq, nb),
+        (PnType::Pn3t, false) => i16_avx512_bw::<3, 5>(row, xq, sx, zq, nb),
+        (PnType::Pn4t, false) => i16_avx512_bw::<4, 4>(row, xq, sx, zq, nb),
+    }
+}
+
+/// Multiply-accumulate of 32 i16 code/activation pairs into 16 i32 lanes.
+#[inline(always)]
+unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m512i {
+    if VNNI {
+        _mm512_dpwssd_epi32(acc, c, x)
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(c, x))
+    }
+}
+
+/// The body shared by the VNNI and plain AVX-512BW versions (inlined into each).
+#[inline(always)]
+unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool>(
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    let p = row.as_ptr();
+    let xp = xq.as_ptr();
+    // The pair (even code, odd code) of every word, one per 16-bit half.
+    let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
+    let mut t0 = _mm512_setzero_ps();
+    let mut corr = _mm512_setzero_ps();
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(16);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i));
+        let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
+        corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
+        let mut ds = [0f32; 16];
+        _mm512_storeu_ps(ds.as_mut_ptr(), dsx);
+        let mut i = 0;
+        // Two blocks per register: the even block in the low 256 bits, the odd one above.
+        while i + 1 < n {
+            let w0 = _mm256_loadu_si256(words(p, b + i) as *const __m256i);
+            let w1 = _mm256_loadu_si256(words(p, b + i + 1) as *const __m256i);
+            let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1);
+            let x = xp.add((b + i) / 2 * S * 32);
+            let mut acc = _mm512_setzero_si512();
+            for j in 0..S {
+                let c = _mm512_and_si512(
+                    _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32)),
+                    mask,
+                );
+                acc = madd512::<VNNI>(acc, c, _mm512_loadu_si512(x.add(32 * j) as *const _));
+            }
+            let dvec =
+                _mm512_mask_broadcastss_ps(_mm512_set1_ps(ds[i]), 0xff00, _mm_set_ss(ds[i + 1]));
+            // One accumulator suffices: the FMA chain is one op per pair of blocks.
+            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), dvec, t0);
+            i += 2;
+        }
+        if i < n {
+            // The last block of an odd count: zero upper half, the padding activations are 0.
+            let w = _mm512_zextsi256_si512(_mm256_loadu_si256(words(p, b + i) as *const __m256i));
+            let x = xp.add((b + i) / 2 * S * 32);
+            let mut acc = _mm512_setzero_si512();
+            for j in 0..S {
+                let c = _mm512_and_si512(
+                    _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32)),
+                    mask,
+                );
+                acc = madd512::<VNNI>(acc, c, _mm512_loadu_si512(x.add(32 * j) as *const _));
+            }
+            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(ds[i]), t0);
+        }
+        b += n;
+    }
+    _mm512_reduce_add_ps(t0) - _mm512_reduce_add_ps(corr)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn i16_avx512_vnni<const BITS: u32, const S: usize>(
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    i16_avx512_body::<BITS, S, true>(row, xq, sx, zq, nb)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn i16_avx512_bw<const BITS: u32, const S: usize>(
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    i16_avx512_body::<BITS, S, false>(row, xq, sx, zq, nb)
+}
+
+pub unsafe fn dot_i16_avx2(
+    ty: PnType,
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    match ty {
+        PnType::Pn3t => i16_avx2::<3, 5>(row, xq, sx, zq, nb),
+        PnType::Pn4t => i16_avx2::<4, 4>(row, xq, sx, zq, nb),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i16_avx2<const BITS: u32, const S: usize>(
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    let p = row.as_ptr();
+    let xp = xq.as_ptr();
+    let mask = _mm256_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
+    let mut t0 = _mm256_setzero_ps();
+    let mut corr = _mm256_setzero_ps();
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(8);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm256_cvtph_ps(_mm_loadu_si128(hs.as_ptr() as *const __m128i));
+        let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(sx.as_ptr().add(b)));
+        corr = _mm256_fmadd_ps(dsx, _mm256_loadu_ps(zq.as_ptr().add(b)), corr);
+        let mut ds = [0f32; 8];
+        _mm256_storeu_ps(ds.as_mut_ptr(), dsx);
+        for (i, &d) in ds.iter().enumerate().take(n) {
+            let bb = b + i;
+            let w = _mm256_loadu_si256(words(p, bb) as *const __m256i);
+            let x = xp.add(bb / 2 * S * 32 + (bb & 1) * 16);
+            let mut acc = _mm256_setzero_si256();
+            for j in 0..S {
+                let c = _mm256_and_si256(
+                    _mm256_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32)),
+                    mask,
+                );
+                let xj = _mm256_loadu_si256(x.add(32 * j) as *const __m256i);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(c, xj));
+            }
+            t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), t0);
+        }
+        b += n;
+    }
+    hsum256(t0) - hsum256(corr)
+}

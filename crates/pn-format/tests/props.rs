@@ -1,0 +1,112 @@
+//! Property tests: SIMD == scalar on random rows (odd block counts, unaligned buffers), and no
+//! panic from validation, decoding or dot products on arbitrary bytes.
+
+use pn_format::dot::dot_prepared_with;
+use pn_format::{dequantize_row, dot_ref_f64, validate_row, Isa, PnType, PreparedF32, PreparedI16};
+use proptest::prelude::*;
+
+fn ty_strategy() -> impl Strategy<Value = PnType> {
+    prop_oneof![Just(PnType::Pn3t), Just(PnType::Pn4t)]
+}
+
+/// Random blocks with finite scales (any sign, subnormals, zero) and random words (reserved bits
+/// included: every path must ignore them the same way).
+fn row_bytes(nb: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = Vec::with_capacity(nb * 34);
+    for _ in 0..nb {
+        let mut d = next() as u16;
+        if d & 0x7c00 == 0x7c00 {
+            d &= 0xbfff; // keep it finite
+        }
+        out.extend_from_slice(&d.to_le_bytes());
+        for _ in 0..8 {
+            out.extend_from_slice(&(next() as u32).to_le_bytes());
+        }
+    }
+    out
+}
+
+fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
+    let bpw = ty.weights_per_block();
+    let mut s = 0.0;
+    for (b, blk) in pn_format::blocks(ty, row).unwrap().enumerate() {
+        for e in 0..bpw {
+            let n = blk.code(e) as f64 + ty.zero_point() as f64;
+            s += (blk.scale() as f64).abs() * n * (x[b * bpw + e] as f64).abs();
+        }
+    }
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn simd_matches_scalar(
+        ty in ty_strategy(),
+        nb in 1usize..40,
+        offset in 0usize..4,
+        seed in any::<u64>(),
+        xs in prop::collection::vec(-100.0f32..100.0, 80 * 40),
+        zero_block in any::<bool>(),
+    ) {
+        let bpw = ty.weights_per_block();
+        let mut buf = vec![0u8; offset];
+        buf.extend(row_bytes(nb, seed));
+        let row = &buf[offset..];
+        let mut x = xs[..nb * bpw].to_vec();
+        if zero_block {
+            x[..bpw].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let reference = dot_ref_f64(ty, row, &x).unwrap();
+        let mag = magnitude(ty, row, &x);
+        let pf = PreparedF32::new(ty, &x).unwrap();
+        let pq = PreparedI16::new(ty, &x).unwrap();
+        let sf = dot_prepared_with(Isa::Scalar, ty, row, &pf).unwrap() as f64;
+        let sq = dot_prepared_with(Isa::Scalar, ty, row, &pq).unwrap() as f64;
+        prop_assert!((sf - reference).abs() <= 1e-5 * mag + 1e-30);
+        // int16: at most half a step (amax/65534) per activation, times |w| <= mag.
+        prop_assert!((sq - reference).abs() <= 4e-5 * mag + 1e-30);
+        for isa in Isa::available() {
+            let f = dot_prepared_with(isa, ty, row, &pf).unwrap() as f64;
+            let q = dot_prepared_with(isa, ty, row, &pq).unwrap() as f64;
+            prop_assert!((f - sf).abs() <= 2e-5 * mag + 1e-30, "{:?} f32 {} vs {}", isa, f, sf);
+            prop_assert!((q - sq).abs() <= 2e-5 * mag + 1e-30, "{:?} i16 {} vs {}", isa, q, sq);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        ty in ty_strategy(),
+        bytes in prop::collection::vec(any::<u8>(), 0..400),
+        xlen in 0usize..400,
+    ) {
+        let _ = validate_row(ty, &bytes);
+        let mut out = vec![0.0; xlen];
+        let _ = dequantize_row(ty, &bytes, &mut out);
+        let x = vec![1.0f32; xlen];
+        let _ = dot_ref_f64(ty, &bytes, &x);
+        if let Ok(p) = PreparedF32::new(ty, &x) {
+            for isa in Isa::ALL {
+                let _ = dot_prepared_with(isa, ty, &bytes, &p);
+            }
+        }
+        if let Ok(p) = PreparedI16::new(ty, &x) {
+            let _ = dot_prepared_with(Isa::detect(), ty, &bytes, &p);
+        }
+        // A whole number of blocks validates exactly when every block does.
+        if bytes.len() % 34 == 0 {
+            let all_ok = bytes.chunks(34).enumerate().all(|(b, c)| {
+                pn_format::BlockRef::new(ty, c).unwrap().validate(b).is_ok()
+            });
+            prop_assert_eq!(validate_row(ty, &bytes).is_ok(), all_ok);
+        }
+    }
+}
