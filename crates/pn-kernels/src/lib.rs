@@ -1,1 +1,40 @@
 //! CUDA C kernels for sm_60 (the Tesla P100), compiled at build time, and thin launch wrappers.
+//!
+//! - `kernels/*.cu`: one file per op family (`pn_gemv`, `quant_gemv`, `get_rows`, `matmul`,
+//!   `hadamard`, `norm`, `rope`, `attention`, `conv1d`, `delta_rule`, `elementwise`, `argmax`);
+//!   `kernels/*.cuh`: the block layouts and index math as `__host__ __device__` functions, also
+//!   compiled as host C++ ([`host_shim`]) so the CPU tests check them bit for bit.
+//! - [`modules`], [`build_info`], [`ptxas_report`]: what build.rs embedded (sm_60 cubin plus
+//!   compute_60 PTX per module), or nothing when no CUDA compiler was found at build time.
+//! - [`Gpu`] (feature `cuda`, on by default): loads the modules on a device (libcuda is loaded at
+//!   run time, so the crate builds and runs without CUDA) and launches the kernels; every method
+//!   checks shapes on the host and returns [`KernelError`] instead of launching out of bounds.
+//!
+//! Build with kernels: `eval "$(scripts/cuda-toolchain.sh)" && cargo build -p pn-kernels`.
+#![warn(missing_docs)]
+
+mod embedded;
+mod error;
+#[cfg(feature = "cuda")]
+mod gpu;
+#[doc(hidden)]
+pub mod host_shim;
+mod types;
+
+pub use embedded::{build_info, kernels_available, module, modules, ptxas_report, EmbeddedModule};
+pub use error::KernelError;
+#[cfg(feature = "cuda")]
+pub use gpu::{cudarc, driver_present, Gpu, KvElem, KvLayout, Q8KvByte, RowLayout};
+pub use types::{PnPrecision, WeightType};
+
+/// Opens a device for the tests and benchmarks, or says why not (no kernels, no driver, no device).
+#[cfg(feature = "cuda")]
+pub fn gpu_or_reason(ordinal: usize) -> Result<Gpu, String> {
+    Gpu::new(ordinal).map_err(|e| e.to_string())
+}
+
+/// Without the `cuda` feature no device can be opened.
+#[cfg(not(feature = "cuda"))]
+pub fn gpu_or_reason(_ordinal: usize) -> Result<(), String> {
+    Err(KernelError::FeatureDisabled.to_string())
+}

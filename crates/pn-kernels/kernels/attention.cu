@@ -1,0 +1,173 @@
+// Attention over a KV cache of f16, f32 or q8_0 rows, head_dim 256, GQA (q head h reads kv head
+// h / group).
+//
+// Cache layout by strides (in cache elements: halves, floats, or bytes for q8_0): the row of kv
+// head g at position j starts at j*pos_stride + g*head_stride. A row is 256 values (f16/f32) or
+// 8 Q8_0 blocks of 32 (272 bytes). Head-major [n_kv][cap][row]: (row, cap*row); token-major
+// [cap][n_kv][row] (the CPU backend's): (n_kv*row, row). f16/f32 rows 16-byte aligned, q8_0
+// rows 2-byte aligned.
+// Split-K ("flash decoding"): grid (n_head, n_split, T). Split s of query t covers positions
+// [s*chunk, min(n_ctx_t, (s+1)*chunk)) with n_ctx_t = p0 + t + 1 (causal; T = 1 is decode).
+// Each warp takes every 8th position; lane l holds dims 8l..8l+8 (one 16-byte load per row), an
+// online softmax per warp, then the 8 warps are merged; attn_combine merges the splits.
+// Scores, softmax and the weighted sum are fp32; only K and V are stored in reduced precision.
+#include "common.cuh"
+
+#define ATT_D 256
+#define ATT_WARPS 8
+
+extern "C" __global__ void __launch_bounds__(256) kv_store_f16(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
+                                                    __half* __restrict__ kc, __half* __restrict__ vc, long long pos_stride, long long head_stride, int p0) {
+    const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride + d;
+    kc[dst] = __float2half_rn(k[t * tok_stride + g * ATT_D + d]);
+    vc[dst] = __float2half_rn(v[t * tok_stride + g * ATT_D + d]);
+}
+extern "C" __global__ void __launch_bounds__(256) kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
+                                                    float* __restrict__ kc, float* __restrict__ vc, long long pos_stride, long long head_stride, int p0) {
+    const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride + d;
+    kc[dst] = k[t * tok_stride + g * ATT_D + d];
+    vc[dst] = v[t * tok_stride + g * ATT_D + d];
+}
+// Q8_0 rows as ggml's reference quantizer writes them: per 32 values d = amax/127, stored as
+// f16; q = round(x / d) (half away from zero, computed as x * (1/d) with d in f32).
+PN_DEV void kv_q8_0_store_one(const float* src, pn_u8* row, int d) {
+    const float x = src[d];
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    pn_u8* blk = row + (d >> 5) * 34;
+    blk[2 + (d & 31)] = (pn_u8)(pn_i8)roundf(x * id);
+    if ((d & 31) == 0) *reinterpret_cast<pn_u16*>(blk) = __half_as_ushort(__float2half_rn(dd));
+}
+extern "C" __global__ void __launch_bounds__(256) kv_store_q8_0(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
+                                                               pn_u8* __restrict__ kc, pn_u8* __restrict__ vc, long long pos_stride,
+                                                               long long head_stride, int p0) {
+    const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride;
+    kv_q8_0_store_one(k + t * tok_stride + g * ATT_D, kc + dst, d);
+    kv_q8_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
+}
+
+// A Q8_0 KV cache is addressed in bytes; this wrapper type selects its loader.
+struct pn_q8kv {
+    pn_u8 b;
+};
+
+// Values 8*lane .. 8*lane+8 of the row starting at `row`, as f32.
+PN_DEV void att_load8(const __half* row, int lane, float* out) {
+    const __half* p = row + lane * 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h2[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+PN_DEV void att_load8(const float* row, int lane, float* out) {
+    const float* p = row + lane * 8;
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+// Q8_0 row: block lane/4 (34 bytes: f16 d, 32 x i8), quants 8*(lane%4).. read as 4 aligned u16.
+PN_DEV void att_load8(const pn_q8kv* row, int lane, float* out) {
+    const pn_u8* blk = reinterpret_cast<const pn_u8*>(row) + (lane >> 2) * 34;
+    const float d = pn_f16_to_f32(*reinterpret_cast<const pn_u16*>(blk));
+    const pn_u16* q = reinterpret_cast<const pn_u16*>(blk + 2 + (lane & 3) * 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const pn_u16 v = q[i];
+        out[2 * i] = d * (float)(pn_i8)(v & 0xff);
+        out[2 * i + 1] = d * (float)(pn_i8)(v >> 8);
+    }
+}
+
+// part_o[((t*n_head + h)*n_split + s)*256 + d], part_ml[((t*n_head + h)*n_split + s)*2 + {0,1}] = (max, sum).
+template <typename KV>
+__device__ void attn_partial(const float* __restrict__ q, long long q_tok_stride, long long q_head_stride,
+                             const KV* __restrict__ kc, const KV* __restrict__ vc, long long pos_stride, long long head_stride,
+                             int group, int p0, int chunk, float scale,
+                             float* __restrict__ part_o, float* __restrict__ part_ml) {
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][ATT_D];
+    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z;
+    const int n_head = gridDim.x, n_split = gridDim.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = h / group;
+    const int n_ctx = p0 + t + 1;
+    const int j0 = s * chunk, j1 = min(n_ctx, j0 + chunk);
+    const float* qh = q + t * q_tok_stride + h * q_head_stride + lane * 8;
+    float qr[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qr[i] = qh[i] * scale;
+    float m = -PN_INF, l = 0.0f, acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+    const KV* kb = kc + (long long)g * head_stride;
+    const KV* vb = vc + (long long)g * head_stride;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        float kf[8], vf[8];
+        att_load8(kb + (long long)j * pos_stride, lane, kf);
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sc += qr[i] * kf[i];
+        sc = pn_warp_sum(sc);
+        const float m_new = fmaxf(m, sc);
+        const float corr = expf(m - m_new), pj = expf(sc - m_new);
+        l = l * corr + pj;
+        att_load8(vb + (long long)j * pos_stride, lane, vf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = acc[i] * corr + pj * vf[i];
+        m = m_new;
+    }
+    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[i];
+    __syncthreads();
+    const int d = threadIdx.x;
+    float M = -PN_INF;
+    for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm_m[w]);
+    float L = 0.0f, A = 0.0f;
+    if (M > -PN_INF) {
+        for (int w = 0; w < ATT_WARPS; ++w) {
+            if (sm_l[w] == 0.0f) continue; // a warp that saw no position
+            const float f = expf(sm_m[w] - M);
+            L += sm_l[w] * f;
+            A += sm_acc[w][d] * f;
+        }
+    }
+    const long long idx = ((long long)t * n_head + h) * n_split + s;
+    part_o[idx * ATT_D + d] = A;
+    if (d == 0) { part_ml[2 * idx] = M; part_ml[2 * idx + 1] = L; }
+}
+
+#define ATT_ARGS(KV) const float *__restrict__ q, long long q_tok_stride, long long q_head_stride, const KV *__restrict__ kc, \
+    const KV *__restrict__ vc, long long pos_stride, long long head_stride, int group, int p0, int chunk, float scale, float *__restrict__ part_o, float *__restrict__ part_ml
+#define ATT_CALL attn_partial(q, q_tok_stride, q_head_stride, kc, vc, pos_stride, head_stride, group, p0, chunk, scale, part_o, part_ml)
+extern "C" __global__ void __launch_bounds__(256) attn_partial_f16kv(ATT_ARGS(__half)) { ATT_CALL; }
+extern "C" __global__ void __launch_bounds__(256) attn_partial_f32kv(ATT_ARGS(float)) { ATT_CALL; }
+extern "C" __global__ void __launch_bounds__(256) attn_partial_q8_0kv(ATT_ARGS(pn_q8kv)) { ATT_CALL; }
+
+// grid (n_head, T), block 256: o[t*o_tok_stride + h*256 + d] = merged attention output.
+extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_split,
+                                                    float* __restrict__ o, long long o_tok_stride) {
+    const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x, d = threadIdx.x;
+    const long long base = ((long long)t * n_head + h) * n_split;
+    float M = -PN_INF;
+    for (int s = 0; s < n_split; ++s) if (part_ml[2 * (base + s) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (base + s)]);
+    float L = 0.0f, A = 0.0f;
+    for (int s = 0; s < n_split; ++s) {
+        const float ls = part_ml[2 * (base + s) + 1];
+        if (ls == 0.0f) continue;
+        const float f = expf(part_ml[2 * (base + s)] - M);
+        L += ls * f;
+        A += part_o[(base + s) * ATT_D + d] * f;
+    }
+    o[t * o_tok_stride + h * ATT_D + d] = L > 0.0f ? A / L : 0.0f;
+}

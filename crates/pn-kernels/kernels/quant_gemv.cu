@@ -1,0 +1,93 @@
+// Matrix-vector products for the stock types the model uses: Q4_K (the LM head), Q8_0
+// (ssm_alpha, ssm_beta), F16 and F32. One warp per output row, fp32 accumulation, activations
+// read through the read-only cache (x is small and shared by every row).
+#include "ggml_blocks.cuh"
+
+// Q4_K: a row is K/256 super-blocks of 144 bytes (16-byte multiple, so with a 16-byte aligned
+// base every u32 field below is aligned). Lane l reads qs bytes 4*(l%8).. of chunk c = l/8: four
+// low nibbles (sub-block 2c) and four high nibbles (sub-block 2c+1). The min is applied once per
+// sub-block through the sum of x: d*sc*sum(q*x) - dmin*m*sum(x).
+__device__ void q4_k_gemv(const pn_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= N) return;
+    const int nsb = K / PN_QK_K;
+    const pn_u8* rowp = w + (pn_u64)row * nsb * PN_Q4_K_BYTES;
+    const int c = lane >> 3, i0 = 4 * (lane & 7);
+    float acc = 0.0f;
+    for (int sb = 0; sb < nsb; ++sb) {
+        const pn_u8* b = rowp + (pn_u64)sb * PN_Q4_K_BYTES;
+        const pn_u32 dd = __ldg(reinterpret_cast<const pn_u32*>(b));
+        const float d = pn_f16_to_f32((pn_u16)(dd & 0xffffu)), dmin = pn_f16_to_f32((pn_u16)(dd >> 16));
+        // The 12 scale bytes as three aligned words; bytes picked by shifts (no local array).
+        const pn_u32* sw = reinterpret_cast<const pn_u32*>(b + 4);
+        const pn_u32 s0 = __ldg(sw), s1 = __ldg(sw + 1), s2 = __ldg(sw + 2);
+        int sc_lo, m_lo, sc_hi, m_hi;
+        q4_k_scale_min_words(s0, s1, s2, 2 * c, &sc_lo, &m_lo);
+        q4_k_scale_min_words(s0, s1, s2, 2 * c + 1, &sc_hi, &m_hi);
+        const pn_u32 q = __ldg(reinterpret_cast<const pn_u32*>(b + 16 + 32 * c + i0));
+        const float4 xl = __ldg(reinterpret_cast<const float4*>(x + sb * PN_QK_K + 64 * c + i0));
+        const float4 xh = __ldg(reinterpret_cast<const float4*>(x + sb * PN_QK_K + 64 * c + 32 + i0));
+        const float dot_lo = (float)(q & 15) * xl.x + (float)((q >> 8) & 15) * xl.y + (float)((q >> 16) & 15) * xl.z + (float)((q >> 24) & 15) * xl.w;
+        const float dot_hi = (float)((q >> 4) & 15) * xh.x + (float)((q >> 12) & 15) * xh.y + (float)((q >> 20) & 15) * xh.z + (float)(q >> 28) * xh.w;
+        const float sum_lo = xl.x + xl.y + xl.z + xl.w, sum_hi = xh.x + xh.y + xh.z + xh.w;
+        acc += d * ((float)sc_lo * dot_lo + (float)sc_hi * dot_hi) - dmin * ((float)m_lo * sum_lo + (float)m_hi * sum_hi);
+    }
+    acc = pn_warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+// Q8_0: 34-byte blocks (unaligned fields), lane per block.
+__device__ void q8_0_gemv(const pn_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= N) return;
+    const int nb = K / 32;
+    const pn_u8* rowp = w + (pn_u64)row * nb * PN_Q8_0_BYTES;
+    float acc = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        const pn_u8* blk = rowp + (pn_u64)b * PN_Q8_0_BYTES;
+        float s = 0.0f;
+#pragma unroll 8
+        for (int e = 0; e < 32; ++e) s += (float)(pn_i8)__ldg(blk + 2 + e) * __ldg(x + b * 32 + e);
+        acc += pn_f16_to_f32(pn_load_u16(blk)) * s;
+    }
+    acc = pn_warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+// F16 weights (K even, rows 4-byte aligned): half2 loads, converted to fp32.
+__device__ void f16_gemv(const __half* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= N) return;
+    const __half2* r2 = reinterpret_cast<const __half2*>(w + (pn_u64)row * K);
+    const float2* x2 = reinterpret_cast<const float2*>(x);
+    float acc = 0.0f;
+    for (int i = lane; i < K / 2; i += 32) {
+        const float2 wv = __half22float2(r2[i]);
+        const float2 xv = __ldg(x2 + i);
+        acc += wv.x * xv.x + wv.y * xv.y;
+    }
+    acc = pn_warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+// F32 weights.
+__device__ void f32_gemv(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= N) return;
+    const float* r = w + (pn_u64)row * K;
+    float acc = 0.0f;
+    for (int i = lane; i < K; i += 32) acc += __ldg(r + i) * __ldg(x + i);
+    acc = pn_warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+extern "C" {
+__global__ void __launch_bounds__(256) q4_k_gemv_f32(const pn_u8* w, const float* x, float* y, int N, int K) { q4_k_gemv(w, x, y, N, K); }
+__global__ void __launch_bounds__(256) q8_0_gemv_f32(const pn_u8* w, const float* x, float* y, int N, int K) { q8_0_gemv(w, x, y, N, K); }
+__global__ void __launch_bounds__(256) f16_gemv_f32(const __half* w, const float* x, float* y, int N, int K) { f16_gemv(w, x, y, N, K); }
+__global__ void __launch_bounds__(256) f32_gemv_f32(const float* w, const float* x, float* y, int N, int K) { f32_gemv(w, x, y, N, K); }
+}
