@@ -1,0 +1,273 @@
+//! The `Backend` trait: the small set of ops the forward graph is written against.
+//!
+//! Buffers and weights are associated types so a device backend keeps them resident (a CUDA
+//! backend's `Buf` is a device allocation; the CPU backend's is a `Vec<f32>`). Every activation
+//! buffer holds f32 values laid out row-major, one row per token; ops take the number of rows
+//! (tokens) they act on, so a workspace sized for the largest batch serves every call.
+
+use crate::error::ModelError;
+use gguf_io::{GgmlType, GgufFile};
+use std::sync::Arc;
+
+/// Layout of the q/k heads a RoPE call rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeLayout {
+    /// Heads per token.
+    pub n_heads: usize,
+    /// Floats between consecutive heads of one token.
+    pub head_stride: usize,
+    /// Floats between consecutive tokens.
+    pub token_stride: usize,
+    /// Leading dims of each head that are rotated (NeoX pairing `(i, i + n_rot/2)`).
+    pub n_rot: usize,
+}
+
+/// Layout and shape of a causal GQA attention call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnLayout {
+    /// Query heads.
+    pub n_q_heads: usize,
+    /// Key/value heads (query head `h` reads kv head `h / (n_q_heads / n_kv_heads)`).
+    pub n_kv_heads: usize,
+    /// Head dimension (q, k and v).
+    pub head_dim: usize,
+    /// Floats between consecutive tokens in the query buffer.
+    pub q_token_stride: usize,
+    /// Floats between consecutive heads of one token in the query buffer.
+    pub q_head_stride: usize,
+    /// Score scale (`1/sqrt(head_dim)`).
+    pub scale: f32,
+}
+
+/// Shape of a Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnDims {
+    /// Key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`); value head `p` reads key head `p % n_k_heads`.
+    pub n_v_heads: usize,
+    /// Key head dim (`ssm.state_size`).
+    pub dk: usize,
+    /// Value head dim (`ssm.inner_size / ssm.time_step_rank`).
+    pub dv: usize,
+    /// Conv kernel length (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+}
+
+impl GdnDims {
+    /// Channels of the conv / width of the `attn_qkv` output: `2 * Hk * dk + Hv * dv`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.dk + self.n_v_heads * self.dv
+    }
+    /// Width of the value part / of the output: `Hv * dv`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.dv
+    }
+    /// Floats of recurrent state: `Hv * dv * dk`.
+    pub fn state_len(&self) -> usize {
+        self.n_v_heads * self.dv * self.dk
+    }
+    /// Floats of conv state: `(kernel - 1) * conv_dim`.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+}
+
+/// Storage precision of a KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// f32 (exact; what the oracle tests use).
+    #[default]
+    F32,
+    /// f16 (half the memory; rounds keys and values to 11 significant bits).
+    F16,
+}
+
+/// A weight matrix as stored in the file, handed to [`Backend::load_weight`].
+#[derive(Debug, Clone, Copy)]
+pub struct WeightSource<'a> {
+    /// Tensor name (for errors).
+    pub name: &'a str,
+    /// Storage type.
+    pub ty: GgmlType,
+    /// Output rows (`ne[1]`).
+    pub rows: usize,
+    /// Reduction length K (`ne[0]`).
+    pub cols: usize,
+    /// `rows * row_bytes` bytes, row-major.
+    pub bytes: &'a [u8],
+    /// Whether the rows were stored Hadamard-rotated (`W H`, PN tensors in a rotated file): the
+    /// graph feeds such a matrix rotated activations; `embed` un-rotates gathered rows.
+    pub rotated: bool,
+    /// Rotation block size when `rotated`.
+    pub rotation_block: usize,
+    /// The file `bytes` points into, so a backend can keep it alive and read the bytes in place.
+    pub file: Option<&'a Arc<GgufFile>>,
+}
+
+/// The ops the forward graph needs. Implementations must give results equal to the CPU
+/// reference up to f32 rounding.
+pub trait Backend: Send + Sync {
+    /// An f32 buffer resident where the backend computes.
+    type Buf: Send;
+    /// A weight matrix resident where the backend computes, in its stored format.
+    type Weight: Send + Sync;
+    /// A KV cache buffer (f32 or f16 elements, see [`KvType`]).
+    type KvBuf: Send;
+
+    /// A short human-readable name ("cpu (2 threads)").
+    fn name(&self) -> String;
+
+    /// A zero-filled buffer of `len` floats.
+    fn alloc(&self, len: usize) -> Result<Self::Buf, ModelError>;
+    /// Writes `src` into `dst[offset..offset + src.len()]`.
+    fn upload(&self, src: &[f32], dst: &mut Self::Buf, offset: usize);
+    /// Reads `dst.len()` floats from `src[offset..]`.
+    fn download(&self, src: &Self::Buf, offset: usize, dst: &mut [f32]);
+    /// Copies `len` floats `src[src_off..]` -> `dst[dst_off..]`.
+    fn copy(
+        &self,
+        src: &Self::Buf,
+        src_off: usize,
+        dst: &mut Self::Buf,
+        dst_off: usize,
+        len: usize,
+    );
+    /// Sets the first `len` floats to zero.
+    fn zero(&self, buf: &mut Self::Buf, len: usize);
+
+    /// A zero-filled KV cache buffer of `len` elements.
+    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<Self::KvBuf, ModelError>;
+    /// Writes `len` floats of `src` into the cache at element `dst_off` (converting).
+    fn kv_write(&self, src: &Self::Buf, dst: &mut Self::KvBuf, dst_off: usize, len: usize);
+
+    /// Makes a weight matrix resident (zero copy where possible).
+    fn load_weight(&self, src: &WeightSource<'_>) -> Result<Self::Weight, ModelError>;
+
+    /// Gathers rows `tokens[i]` of the embedding matrix into row `i` of `out` (dequantized to
+    /// f32; un-rotated if the table is stored rotated). Token ids must already be checked.
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        tokens: &[u32],
+        out: &mut Self::Buf,
+    ) -> Result<(), ModelError>;
+
+    /// For each `(w, y)`: `y[t] = w x[t]` for the first `rows` rows of `x` (row length =
+    /// `w`'s K). All outputs share the input, so a backend prepares (converts, quantizes) the
+    /// activations once.
+    fn matmul(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> Result<(), ModelError>;
+
+    /// In-place Walsh-Hadamard rotation of `len` floats in blocks of `block` (orthonormal).
+    fn hadamard(&self, x: &mut Self::Buf, len: usize, block: usize);
+
+    /// RMSNorm of each `n`-float row of the first `rows` rows: `out = x / rms(x) * w`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    );
+    /// In-place RMSNorm of `count` rows of `n` floats spaced `stride` apart (per-head q/k norm).
+    fn rms_norm_strided(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Buf,
+        n: usize,
+        stride: usize,
+        count: usize,
+        eps: f32,
+    );
+    /// Gated RMSNorm in place: each `n`-float row `x = rms(x) * w * silu(z)`, over `len` floats.
+    fn gated_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        len: usize,
+        n: usize,
+        eps: f32,
+    );
+
+    /// NeoX partial RoPE in place for `n_tokens` tokens at positions `pos0..`.
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        layout: &RopeLayout,
+        n_tokens: usize,
+        pos0: usize,
+        theta: f32,
+    );
+
+    /// Causal GQA attention of `n_tokens` query tokens at positions `pos0..` against the cache
+    /// (which already holds positions `0..pos0 + n_tokens`); output `[n_tokens, Hq * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k_cache: &Self::KvBuf,
+        v_cache: &Self::KvBuf,
+        out: &mut Self::Buf,
+        layout: &AttnLayout,
+        n_tokens: usize,
+        pos0: usize,
+    );
+    /// `x[t, h, :] *= sigmoid(gate[gate_offset + t * gate_token_stride + h * gate_head_stride ..])`.
+    #[allow(clippy::too_many_arguments)]
+    fn sigmoid_gate(
+        &self,
+        x: &mut Self::Buf,
+        gate: &Self::Buf,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        gate_offset: usize,
+        gate_token_stride: usize,
+        gate_head_stride: usize,
+    );
+
+    /// Causal depthwise conv1d + SiLU over `n_tokens` rows of `u` into `y`, with the conv state
+    /// (last `kernel - 1` pre-conv rows) read and updated.
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_silu(
+        &self,
+        u: &Self::Buf,
+        w: &Self::Buf,
+        state: &mut Self::Buf,
+        y: &mut Self::Buf,
+        n_tokens: usize,
+        channels: usize,
+        kernel: usize,
+    );
+
+    /// The Gated DeltaNet core for `n_tokens` tokens: L2-normalises q/k of `y` in place (and
+    /// scales q), turns `b`/`alpha` into beta and log-decay in place, runs the gated delta rule
+    /// over the recurrent state and writes `out` (`[n_tokens, Hv * dv]`). Backends may use the
+    /// chunked form for long inputs; it must match the recurrent one.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule(
+        &self,
+        y: &mut Self::Buf,
+        b: &mut Self::Buf,
+        alpha: &mut Self::Buf,
+        a: &Self::Buf,
+        dt_bias: &Self::Buf,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+        dims: &GdnDims,
+        n_tokens: usize,
+    );
+
+    /// `gate = silu(gate) * up` over `len` floats.
+    fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    /// `x += y` over `len` floats.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+}

@@ -1,0 +1,627 @@
+//! The CPU backend: f32 activations in `Vec<f32>`, weights read in place from the GGUF mapping,
+//! data-parallel ops on a small persistent thread pool.
+
+pub mod kernels;
+mod pool;
+mod weight;
+
+pub use pool::split_range;
+pub use weight::CpuWeight;
+
+use crate::backend::{AttnLayout, Backend, GdnDims, KvType, RopeLayout, WeightSource};
+use crate::error::ModelError;
+use pn_format::dot::PreparedI16;
+use pn_format::PnType;
+use pool::Pool;
+use std::sync::Mutex;
+use weight::RowKind;
+
+/// Input rows at or above which a matrix row is decoded to f32 once and reused for every input
+/// row (instead of a fused quantized dot per input row).
+const DECODE_ROWS_MIN: usize = 4;
+
+/// Tokens at or above which the GDN layer uses the chunked delta-rule form.
+pub const GDN_CHUNKED_MIN_TOKENS: usize = 16;
+
+/// The CPU backend.
+pub struct CpuBackend {
+    pool: Pool,
+    /// Per-thread scratch (decoded weight rows, chunked delta-rule work space); grows, never
+    /// shrinks, so steady-state decode allocates nothing.
+    scratch: Vec<Mutex<Vec<f32>>>,
+    /// Whether long GDN inputs use the chunked form (on by default).
+    gdn_chunked: bool,
+    /// Activations prepared for PN rows (int16 per block), per PN type and input row; reused
+    /// across calls so the buffers are allocated once.
+    pn_acts: Mutex<[Vec<PreparedI16>; 2]>,
+}
+
+fn pn_index(ty: PnType) -> usize {
+    match ty {
+        PnType::Pn3t => 0,
+        PnType::Pn4t => 1,
+    }
+}
+
+/// A raw pointer that may be shared with the pool's threads (each writes a disjoint part).
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: used only to hand disjoint output regions to worker threads inside `Pool::run`.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    #[inline]
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl CpuBackend {
+    /// A backend on `n_threads` threads (0: all available cores).
+    pub fn new(n_threads: usize) -> CpuBackend {
+        let n = if n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            n_threads
+        };
+        CpuBackend {
+            pool: Pool::new(n),
+            scratch: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            gdn_chunked: true,
+            pn_acts: Mutex::new([Vec::new(), Vec::new()]),
+        }
+    }
+
+    /// Enables or disables the chunked delta-rule form for long inputs (for testing both).
+    pub fn set_gdn_chunked(&mut self, on: bool) {
+        self.gdn_chunked = on;
+    }
+
+    /// Threads the ops run on.
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    fn with_scratch<R>(&self, i: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        let mut s = self.scratch[i].lock().unwrap_or_else(|e| e.into_inner());
+        if s.len() < len {
+            s.resize(len, 0.0);
+        }
+        f(&mut s[..len])
+    }
+
+    /// Runs `f(participant, range)` over `0..n` split into chunks across the pool (serially
+    /// when `n` is below `2 * min_per_chunk`).
+    fn par_ranges(
+        &self,
+        n: usize,
+        min_per_chunk: usize,
+        f: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
+    ) {
+        let t = self.pool.n_threads();
+        let n_chunks = (n / min_per_chunk.max(1)).min(4 * t);
+        if t == 1 || n_chunks < 2 {
+            f(0, 0..n);
+            return;
+        }
+        self.pool.run(n_chunks, &|p, c| {
+            let r = split_range(n, c, n_chunks);
+            if !r.is_empty() {
+                f(p, r);
+            }
+        });
+    }
+}
+
+/// A KV cache on the CPU.
+pub enum CpuKv {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f16 elements.
+    F16(Vec<half::f16>),
+}
+
+/// `len` zeroed elements straight from the allocator (calloc): a large KV cache costs no memory
+/// until positions are written, and a failed allocation is an error, not an abort.
+fn zeroed_vec<T: bytemuck::Zeroable>(len: usize) -> Result<Vec<T>, ModelError> {
+    if len == 0 || std::mem::size_of::<T>() == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(len)
+        .map_err(|e| ModelError::Backend(format!("allocating {len} elements: {e}")))?;
+    // SAFETY: the layout has non-zero size; on success the block holds `len` zeroed `T`s (valid
+    // by `Zeroable`) allocated by the global allocator with exactly this layout, as
+    // `Vec::from_raw_parts` requires.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return Err(ModelError::Backend(format!(
+                "out of memory allocating {len} elements"
+            )));
+        }
+        Ok(Vec::from_raw_parts(p, len, len))
+    }
+}
+
+fn first_error(slot: &Mutex<Option<ModelError>>, e: ModelError) {
+    let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if s.is_none() {
+        *s = Some(e);
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = CpuWeight;
+    type KvBuf = CpuKv;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.pool.n_threads())
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, ModelError> {
+        zeroed_vec(len)
+    }
+
+    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CpuKv, ModelError> {
+        Ok(match ty {
+            KvType::F32 => CpuKv::F32(zeroed_vec(len)?),
+            KvType::F16 => CpuKv::F16(zeroed_vec(len)?),
+        })
+    }
+
+    fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
+        use half::slice::HalfFloatSliceExt;
+        match dst {
+            CpuKv::F32(d) => d[dst_off..dst_off + len].copy_from_slice(&src[..len]),
+            CpuKv::F16(d) => d[dst_off..dst_off + len].convert_from_f32_slice(&src[..len]),
+        }
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) {
+        dst[offset..offset + src.len()].copy_from_slice(src);
+    }
+
+    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) {
+        dst.copy_from_slice(&src[offset..offset + dst.len()]);
+    }
+
+    fn copy(&self, src: &Vec<f32>, src_off: usize, dst: &mut Vec<f32>, dst_off: usize, len: usize) {
+        dst[dst_off..dst_off + len].copy_from_slice(&src[src_off..src_off + len]);
+    }
+
+    fn zero(&self, buf: &mut Vec<f32>, len: usize) {
+        buf[..len].fill(0.0);
+    }
+
+    fn load_weight(&self, src: &WeightSource<'_>) -> Result<CpuWeight, ModelError> {
+        CpuWeight::new(src, src.file)
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let d = table.cols;
+        for (i, &tok) in tokens.iter().enumerate() {
+            let dst = &mut out[i * d..(i + 1) * d];
+            table.decode_row(tok as usize, dst)?;
+            if let Some(r) = table.rotation_block {
+                // Stored rows are W H; H is its own inverse, so H (W H)^T row = the original row.
+                pn_format::hadamard::fwht_blocks_inplace(dst, r).map_err(|e| {
+                    ModelError::BadTensorData {
+                        name: table.name().into(),
+                        reason: e.to_string(),
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        outs: &mut [(&CpuWeight, &mut Vec<f32>)],
+    ) -> Result<(), ModelError> {
+        for (w, y) in outs.iter() {
+            if x.len() < rows * w.cols || y.len() < rows * w.rows {
+                return Err(ModelError::BadArgument(format!(
+                    "matmul `{}`: buffers too small for {rows} rows",
+                    w.name()
+                )));
+            }
+        }
+        let err = Mutex::new(None);
+        let n_threads = self.pool.n_threads();
+        // Outputs as raw pointers: each thread writes a disjoint range of every output's rows.
+        let mut targets = [(None::<&CpuWeight>, SyncPtr(std::ptr::null_mut())); 8];
+        if outs.len() > targets.len() {
+            for (w, y) in outs.iter_mut() {
+                self.matmul(x, rows, &mut [(*w, &mut **y)])?;
+            }
+            return Ok(());
+        }
+        for (slot, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
+            *slot = (Some(*w), SyncPtr(y.as_mut_ptr()));
+        }
+        let targets = &targets[..outs.len()];
+        let direct = rows < DECODE_ROWS_MIN;
+        // PN rows multiply activations prepared once per input row (shared by all outputs).
+        let mut pn_guard = None;
+        if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+            let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
+            for ty in PnType::ALL {
+                let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+                    continue;
+                };
+                let k = w.cols;
+                let set = &mut g[pn_index(ty)];
+                for t in 0..rows {
+                    let xt = &x[t * k..(t + 1) * k];
+                    let r = if t < set.len() {
+                        set[t].update(xt)
+                    } else {
+                        PreparedI16::new(ty, xt).map(|p| set.push(p))
+                    };
+                    r.map_err(|e| {
+                        ModelError::BadArgument(format!("preparing PN activations: {e}"))
+                    })?;
+                }
+            }
+            pn_guard = Some(g);
+        }
+        let pn_acts = pn_guard.as_deref();
+        let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
+        // Chunks per output: small enough that the caller can absorb a late worker's share.
+        let single = n_threads == 1 || total_rows * rows < 64;
+        let mut first_chunk = [0usize; 9];
+        let mut n_chunks_of = [1usize; 8];
+        for (i, (w, _)) in targets.iter().enumerate() {
+            let r = w.map_or(0, |w| w.rows);
+            let chunk_rows = (r / (4 * n_threads)).max(16);
+            n_chunks_of[i] = if single {
+                1
+            } else {
+                r.div_ceil(chunk_rows).max(1)
+            };
+            first_chunk[i + 1] = first_chunk[i] + n_chunks_of[i];
+        }
+        let n_chunks = first_chunk[targets.len()];
+        let work = |p: usize, c: usize| {
+            let o = (0..targets.len())
+                .rfind(|&o| first_chunk[o] <= c)
+                .unwrap_or(0);
+            let (w, y) = &targets[o];
+            let Some(w) = *w else { return };
+            let range = split_range(w.rows, c - first_chunk[o], n_chunks_of[o]);
+            if range.is_empty() {
+                return;
+            }
+            let r = match (direct, w.kind, pn_acts) {
+                (true, RowKind::Pn(ty), Some(acts)) => {
+                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
+                }
+                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => {
+                    self.with_scratch(p, w.cols, |buf| matmul_decoded(w, x, rows, *y, range, buf))
+                }
+                _ => matmul_direct(w, x, rows, *y, range),
+            };
+            if let Err(e) = r {
+                first_error(&err, e);
+            }
+        };
+        if single {
+            for c in 0..n_chunks {
+                work(0, c);
+            }
+        } else {
+            self.pool.run(n_chunks, &work);
+        }
+        match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) {
+        // Block sizes and lengths were checked at load (K is a multiple of the block size).
+        let _ = pn_format::hadamard::fwht_blocks_inplace(&mut x[..len], block);
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) {
+        kernels::rms_norm(&x[..rows * n], w, &mut out[..rows * n], n, eps);
+    }
+
+    fn rms_norm_strided(
+        &self,
+        x: &mut Vec<f32>,
+        w: &Vec<f32>,
+        n: usize,
+        stride: usize,
+        count: usize,
+        eps: f32,
+    ) {
+        kernels::rms_norm_strided(x, w, n, stride, count, eps);
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &mut Vec<f32>,
+        z: &Vec<f32>,
+        w: &Vec<f32>,
+        len: usize,
+        n: usize,
+        eps: f32,
+    ) {
+        kernels::gated_rms_norm(&mut x[..len], &z[..len], w, n, eps);
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        layout: &RopeLayout,
+        n_tokens: usize,
+        pos0: usize,
+        theta: f32,
+    ) {
+        // A few dozen frequencies: recomputing them per call is cheaper than caching per theta.
+        let mut inv = [0.0f64; 256];
+        let half = (layout.n_rot / 2).min(inv.len());
+        for (i, f) in inv.iter_mut().enumerate().take(half) {
+            *f = (theta as f64).powf(-(2.0 * i as f64) / layout.n_rot as f64);
+        }
+        kernels::rope_neox(x, layout, n_tokens, pos0, &inv[..half]);
+    }
+
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
+        out: &mut Vec<f32>,
+        layout: &AttnLayout,
+        n_tokens: usize,
+        pos0: usize,
+    ) {
+        let n_rows = n_tokens * layout.n_q_heads;
+        assert!(
+            out.len() >= n_rows * layout.head_dim,
+            "attention output buffer too small"
+        );
+        let o = SyncPtr(out.as_mut_ptr());
+        self.par_ranges(n_rows, 1, &|_, r| {
+            // SAFETY: disjoint row ranges per thread; size asserted above.
+            unsafe {
+                match (k_cache, v_cache) {
+                    (CpuKv::F32(k), CpuKv::F32(v)) => {
+                        kernels::attention_rows(q, k, v, o.get(), layout, pos0, r)
+                    }
+                    (CpuKv::F16(k), CpuKv::F16(v)) => {
+                        kernels::attention_rows(q, k, v, o.get(), layout, pos0, r)
+                    }
+                    _ => unreachable!("k and v caches are allocated together with one type"),
+                }
+            }
+        });
+    }
+
+    fn sigmoid_gate(
+        &self,
+        x: &mut Vec<f32>,
+        gate: &Vec<f32>,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        gate_offset: usize,
+        gate_token_stride: usize,
+        gate_head_stride: usize,
+    ) {
+        kernels::sigmoid_gate(
+            &mut x[..n_tokens * n_heads * head_dim],
+            &gate[gate_offset..],
+            n_heads,
+            head_dim,
+            gate_token_stride,
+            gate_head_stride,
+        );
+    }
+
+    fn conv1d_silu(
+        &self,
+        u: &Vec<f32>,
+        w: &Vec<f32>,
+        state: &mut Vec<f32>,
+        y: &mut Vec<f32>,
+        n_tokens: usize,
+        channels: usize,
+        kernel: usize,
+    ) {
+        // Internal invariants: the config limits the kernel to 2..=16 and sizes every buffer.
+        assert!(
+            (2..=17).contains(&kernel),
+            "conv kernel {kernel} outside 2..=17"
+        );
+        assert!(state.len() >= (kernel - 1) * channels && y.len() >= n_tokens * channels);
+        let (s, yp) = (SyncPtr(state.as_mut_ptr()), SyncPtr(y.as_mut_ptr()));
+        self.par_ranges(channels, 256, &|_, r| {
+            // SAFETY: disjoint channel ranges per thread; sizes asserted above.
+            unsafe {
+                kernels::conv1d_silu_channels(
+                    u,
+                    w,
+                    s.get(),
+                    yp.get(),
+                    n_tokens,
+                    channels,
+                    kernel,
+                    r,
+                )
+            }
+        });
+    }
+
+    fn gated_delta_rule(
+        &self,
+        y: &mut Vec<f32>,
+        b: &mut Vec<f32>,
+        alpha: &mut Vec<f32>,
+        a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+        dims: &GdnDims,
+        n_tokens: usize,
+    ) {
+        let hv = dims.n_v_heads;
+        kernels::gdn_normalize_qk(y, dims, n_tokens);
+        kernels::gdn_gates(
+            &mut b[..n_tokens * hv],
+            &mut alpha[..n_tokens * hv],
+            a,
+            dt_bias,
+            hv,
+        );
+        assert!(state.len() >= dims.state_len() && out.len() >= n_tokens * dims.value_dim());
+        let (s, o) = (SyncPtr(state.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
+        let (y, beta, g) = (&*y, &*b, &*alpha);
+        let chunked = self.gdn_chunked && n_tokens >= GDN_CHUNKED_MIN_TOKENS;
+        let scratch_len = kernels::gdn_chunk_scratch_len(dims);
+        self.par_ranges(hv, 1, &|ti, heads| {
+            if chunked {
+                self.with_scratch(ti, scratch_len, |scr| {
+                    // SAFETY: disjoint head ranges per thread; sizes asserted above.
+                    unsafe {
+                        kernels::gdn_chunked_heads(
+                            y,
+                            beta,
+                            g,
+                            s.get(),
+                            o.get(),
+                            dims,
+                            n_tokens,
+                            heads,
+                            scr,
+                        )
+                    }
+                });
+            } else {
+                // SAFETY: as above.
+                unsafe {
+                    kernels::gdn_recurrent_heads(
+                        y,
+                        beta,
+                        g,
+                        s.get(),
+                        o.get(),
+                        dims,
+                        n_tokens,
+                        heads,
+                    )
+                }
+            }
+        });
+    }
+
+    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+        kernels::swiglu(&mut gate[..len], &up[..len]);
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        kernels::add(&mut x[..len], &y[..len]);
+    }
+}
+
+/// `y[t, r] = w_r . x_t` with the fused per-type dot product (one weight row read per input row;
+/// fastest for one or a few input rows).
+fn matmul_direct(
+    w: &CpuWeight,
+    x: &[f32],
+    rows: usize,
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    for r in range {
+        for t in 0..rows {
+            let v = w.dot_row(r, &x[t * w.cols..(t + 1) * w.cols])?;
+            // SAFETY: row `r` of every output row `t` belongs to this thread only.
+            unsafe { *y.get().add(t * w.rows + r) = v };
+        }
+    }
+    Ok(())
+}
+
+/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs.
+fn matmul_decoded(
+    w: &CpuWeight,
+    x: &[f32],
+    rows: usize,
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+    buf: &mut [f32],
+) -> Result<(), ModelError> {
+    let k = w.cols;
+    for r in range {
+        w.decode_row(r, buf)?;
+        let mut t = 0;
+        while t + 4 <= rows {
+            let xs = [0, 1, 2, 3].map(|j| &x[(t + j) * k..(t + j + 1) * k]);
+            let v = kernels::dot4(buf, xs);
+            for (j, &vj) in v.iter().enumerate() {
+                // SAFETY: as in `matmul_direct`.
+                unsafe { *y.get().add((t + j) * w.rows + r) = vj };
+            }
+            t += 4;
+        }
+        for t in t..rows {
+            let v = kernels::dot(buf, &x[t * k..(t + 1) * k]);
+            // SAFETY: as in `matmul_direct`.
+            unsafe { *y.get().add(t * w.rows + r) = v };
+        }
+    }
+    Ok(())
+}
+
+/// PN rows against prepared activations (one per input row), via `pn_format::dot::matvec`.
+fn matmul_pn(
+    w: &CpuWeight,
+    ty: PnType,
+    acts: &[PreparedI16],
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    let rb = w.row_bytes;
+    let bytes = &w.bytes()[range.start * rb..range.end * rb];
+    for (t, a) in acts.iter().enumerate() {
+        // SAFETY: rows `range` of output row `t` belong to this thread only; in bounds because
+        // the output holds `rows * w.rows` floats (checked by `matmul`).
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
+        };
+        pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(|e| {
+            ModelError::BadTensorData {
+                name: w.name().into(),
+                reason: format!("rows {range:?}: {e}"),
+            }
+        })?;
+    }
+    Ok(())
+}

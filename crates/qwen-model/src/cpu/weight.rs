@@ -1,0 +1,175 @@
+//! CPU-resident weight matrices and the per-type row operations (dot product, decode).
+//!
+//! PN types go to `pn-format`, every other type to `gguf_io::quants`.
+
+use crate::backend::WeightSource;
+use crate::error::ModelError;
+use gguf_io::{GgmlType, GgufFile};
+use pn_format::PnType;
+use std::sync::Arc;
+
+/// Where a weight's bytes live.
+enum Storage {
+    /// Borrowed from a memory-mapped (or owned) GGUF file that `_keep` keeps alive.
+    Mapped {
+        ptr: *const u8,
+        len: usize,
+        _keep: Arc<GgufFile>,
+    },
+    /// A private copy (weights built in memory without a file).
+    Owned(Vec<u8>),
+}
+
+// SAFETY: `Mapped` points into the immutable data of a `GgufFile` that the `Arc` keeps alive; the
+// bytes are never written, so sharing across threads is sound.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
+
+/// How a row of this weight is multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowKind {
+    /// A stock ggml type (gguf_io::quants).
+    Stock(GgmlType),
+    /// A PN type (pn_format).
+    Pn(PnType),
+}
+
+/// A weight matrix on the CPU: the stored bytes, read in place.
+pub struct CpuWeight {
+    storage: Storage,
+    pub(crate) kind: RowKind,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_bytes: usize,
+    pub(crate) rotation_block: Option<usize>,
+    name: String,
+}
+
+impl CpuWeight {
+    /// Binds `src` (zero copy when `keep` owns the bytes).
+    pub(crate) fn new(
+        src: &WeightSource<'_>,
+        keep: Option<&Arc<GgufFile>>,
+    ) -> Result<CpuWeight, ModelError> {
+        let kind = match src.ty {
+            GgmlType::Pn3t => RowKind::Pn(PnType::Pn3t),
+            GgmlType::Pn4t => RowKind::Pn(PnType::Pn4t),
+            GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K => RowKind::Stock(src.ty),
+            other => {
+                return Err(ModelError::BadType {
+                    name: src.name.into(),
+                    found: other.name().into(),
+                    allowed: "f32, f16, bf16, q8_0, q4_0, q3_K, q4_K, q5_K, q6_K, pn3t, pn4t"
+                        .into(),
+                })
+            }
+        };
+        let row_bytes =
+            src.ty
+                .row_bytes(src.cols as u64)
+                .ok_or_else(|| ModelError::BadTensorData {
+                    name: src.name.into(),
+                    reason: format!(
+                        "row length {} does not fit {} blocks",
+                        src.cols,
+                        src.ty.name()
+                    ),
+                })? as usize;
+        if src.bytes.len() != row_bytes * src.rows {
+            return Err(ModelError::BadTensorData {
+                name: src.name.into(),
+                reason: format!(
+                    "{} bytes, expected {}",
+                    src.bytes.len(),
+                    row_bytes * src.rows
+                ),
+            });
+        }
+        let storage = match keep {
+            Some(file) if owns(file, src.bytes) => Storage::Mapped {
+                ptr: src.bytes.as_ptr(),
+                len: src.bytes.len(),
+                _keep: Arc::clone(file),
+            },
+            _ => Storage::Owned(src.bytes.to_vec()),
+        };
+        Ok(CpuWeight {
+            storage,
+            kind,
+            rows: src.rows,
+            cols: src.cols,
+            row_bytes,
+            rotation_block: src.rotated.then_some(src.rotation_block),
+            name: src.name.into(),
+        })
+    }
+
+    /// All bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            // SAFETY: see `Storage`.
+            Storage::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            Storage::Owned(v) => v,
+        }
+    }
+
+    /// The bytes of row `r`.
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> &[u8] {
+        &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Tensor name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn err(&self, r: usize, e: impl std::fmt::Display) -> ModelError {
+        ModelError::BadTensorData {
+            name: self.name.clone(),
+            reason: format!("row {r}: {e}"),
+        }
+    }
+
+    /// `row(r) . x`.
+    #[inline]
+    pub(crate) fn dot_row(&self, r: usize, x: &[f32]) -> Result<f32, ModelError> {
+        let row = self.row(r);
+        match self.kind {
+            RowKind::Stock(ty) => {
+                gguf_io::quants::vec_dot_f32(ty, row, x).map_err(|e| self.err(r, e))
+            }
+            RowKind::Pn(ty) => pn_format::dot::dot_f32(ty, row, x).map_err(|e| self.err(r, e)),
+        }
+    }
+
+    /// Decodes row `r` to f32 into `dst` (`cols` floats).
+    pub(crate) fn decode_row(&self, r: usize, dst: &mut [f32]) -> Result<(), ModelError> {
+        let row = self.row(r);
+        match self.kind {
+            RowKind::Stock(ty) => {
+                gguf_io::quants::dequantize_row(ty, row, dst).map_err(|e| self.err(r, e))
+            }
+            RowKind::Pn(ty) => pn_format::dequantize_row(ty, row, dst).map_err(|e| self.err(r, e)),
+        }
+    }
+}
+
+/// Whether `bytes` lies inside the file's own buffer.
+fn owns(file: &GgufFile, bytes: &[u8]) -> bool {
+    let all = file.as_bytes();
+    let (s, e) = (all.as_ptr() as usize, all.as_ptr() as usize + all.len());
+    let (bs, be) = (
+        bytes.as_ptr() as usize,
+        bytes.as_ptr() as usize + bytes.len(),
+    );
+    bs >= s && be <= e
+}

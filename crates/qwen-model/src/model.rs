@@ -1,0 +1,620 @@
+//! The forward graph (trunk and MTP block), written once against [`Backend`]
+//! (reference: `qwen38-architecture.md` sections 4 and 6).
+
+use crate::backend::{Backend, KvType, RopeLayout};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::state::{LayerState, State};
+use crate::weights::{AttnWeights, GdnWeights, LayerWeights, Matrix, Mixer, Weights};
+use gguf_io::GgufFile;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A loaded model: configuration, bound weights and the backend they live on.
+pub struct Model<B: Backend> {
+    /// Hyperparameters.
+    pub config: ModelConfig,
+    /// Bound weights.
+    pub weights: Weights<B>,
+    /// The backend.
+    pub backend: B,
+    file: Arc<GgufFile>,
+}
+
+/// Scratch activations for up to `max_rows` tokens per call; reused across calls so decode
+/// allocates nothing.
+pub struct Workspace<B: Backend> {
+    max_rows: usize,
+    x: B::Buf,
+    a: B::Buf,
+    rot: B::Buf,
+    qg: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    attn: B::Buf,
+    mix: B::Buf,
+    u: B::Buf,
+    y: B::Buf,
+    z: B::Buf,
+    b: B::Buf,
+    al: B::Buf,
+    o: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    h: B::Buf,
+    e: B::Buf,
+    cat: B::Buf,
+    logits: B::Buf,
+}
+
+impl<B: Backend> Workspace<B> {
+    /// Tokens one internal step processes (longer inputs are split).
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+}
+
+/// What a forward call returns to the host.
+#[derive(Default)]
+pub struct Outputs<'a> {
+    /// Logits, `[n_out_rows, vocab]`.
+    pub logits: Option<&'a mut [f32]>,
+    /// Final normed hidden states (the LM-head input; the MTP block's `h`), `[n_out_rows, D]`.
+    pub hidden: Option<&'a mut [f32]>,
+    /// Every input token (`n_out_rows = n_tokens`) or only the last (`n_out_rows = 1`).
+    pub all_rows: bool,
+    /// Debugging: the residual stream of every input token before layer 0 (the embeddings) and
+    /// after each trunk layer, `[n_layers + 1, n_tokens, D]` (the layout of the oracle's
+    /// `hidden_a_layers.f32`); trunk forward only.
+    pub layer_residuals: Option<&'a mut [f32]>,
+}
+
+impl<'a> Outputs<'a> {
+    /// Logits of the last token only.
+    pub fn last_logits(logits: &'a mut [f32]) -> Self {
+        Outputs {
+            logits: Some(logits),
+            hidden: None,
+            all_rows: false,
+            layer_residuals: None,
+        }
+    }
+    /// Logits of every token.
+    pub fn all_logits(logits: &'a mut [f32]) -> Self {
+        Outputs {
+            logits: Some(logits),
+            hidden: None,
+            all_rows: true,
+            layer_residuals: None,
+        }
+    }
+}
+
+/// `outs[i].1 = outs[i].0 x` for matrices sharing the input `x` (row length K), feeding rotated
+/// matrices the Hadamard-rotated input (computed once into `rot`).
+fn project<B: Backend, const N: usize>(
+    be: &B,
+    rot: &mut B::Buf,
+    block: usize,
+    x: &B::Buf,
+    rows: usize,
+    outs: [(&Matrix<B>, &mut B::Buf); N],
+) -> Result<(), ModelError> {
+    let k = outs[0].0.cols;
+    let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
+    if n_rot == 0 {
+        let mut o = outs.map(|(m, b)| (&m.w, b));
+        return be.matmul(x, rows, &mut o);
+    }
+    be.copy(x, 0, rot, 0, rows * k);
+    be.hadamard(rot, rows * k, block);
+    if n_rot == N {
+        let mut o = outs.map(|(m, b)| (&m.w, b));
+        return be.matmul(rot, rows, &mut o);
+    }
+    for (m, b) in outs {
+        let src = if m.rotated { &*rot } else { x };
+        be.matmul(src, rows, &mut [(&m.w, b)])?;
+    }
+    Ok(())
+}
+
+impl<B: Backend> Model<B> {
+    /// Opens and binds a GGUF file.
+    pub fn load(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Model::from_file(file, backend)
+    }
+
+    /// Binds an opened GGUF file.
+    pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>, ModelError> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config, &backend)?;
+        Ok(Model {
+            config,
+            weights,
+            backend,
+            file,
+        })
+    }
+
+    /// The GGUF file (metadata for tokenizer, chat template...).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A new empty sequence state holding up to `capacity` positions (f32 KV cache).
+    pub fn new_state(&self, capacity: usize) -> Result<State<B>, ModelError> {
+        State::new(&self.config, &self.backend, capacity)
+    }
+
+    /// A new empty sequence state with a KV cache of type `kv`.
+    pub fn new_state_with_kv(&self, capacity: usize, kv: KvType) -> Result<State<B>, ModelError> {
+        State::with_kv_type(&self.config, &self.backend, capacity, kv)
+    }
+
+    /// A workspace for up to `max_rows` tokens per internal step (prefill chunk).
+    pub fn new_workspace(&self, max_rows: usize) -> Result<Workspace<B>, ModelError> {
+        let c = &self.config;
+        let r = max_rows.max(1);
+        let be = &self.backend;
+        let d = c.hidden;
+        let g = &c.gdn;
+        let rot_k = [2 * d, c.ffn, c.attn_out_dim(), g.value_dim()]
+            .into_iter()
+            .max()
+            .unwrap_or(d);
+        Ok(Workspace {
+            max_rows: r,
+            x: be.alloc(r * d)?,
+            a: be.alloc(r * d)?,
+            rot: be.alloc(r * rot_k)?,
+            qg: be.alloc(r * c.q_proj_dim())?,
+            k: be.alloc(r * c.kv_dim())?,
+            v: be.alloc(r * c.kv_dim())?,
+            attn: be.alloc(r * c.attn_out_dim())?,
+            mix: be.alloc(r * d)?,
+            u: be.alloc(r * g.conv_dim())?,
+            y: be.alloc(r * g.conv_dim())?,
+            z: be.alloc(r * g.value_dim())?,
+            b: be.alloc(r * g.n_v_heads)?,
+            al: be.alloc(r * g.n_v_heads)?,
+            o: be.alloc(r * g.value_dim())?,
+            gate: be.alloc(r * c.ffn)?,
+            up: be.alloc(r * c.ffn)?,
+            h: be.alloc(r * d)?,
+            e: be.alloc(r * d)?,
+            cat: be.alloc(r * 2 * d)?,
+            logits: be.alloc(r * c.vocab)?,
+        })
+    }
+
+    fn rot_block(&self) -> usize {
+        self.config.rotation.map_or(0, |r| r.block_size)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.config.vocab;
+        match tokens.iter().position(|&t| t as usize >= vocab) {
+            Some(index) => Err(ModelError::TokenOutOfRange {
+                token: tokens[index],
+                index,
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_outputs(&self, n_tokens: usize, out: &Outputs<'_>) -> Result<(), ModelError> {
+        let rows = if out.all_rows { n_tokens } else { 1 };
+        if let Some(l) = &out.logits {
+            if l.len() != rows * self.config.vocab {
+                return Err(ModelError::BadArgument(format!(
+                    "logits buffer holds {} floats, expected {rows} x {}",
+                    l.len(),
+                    self.config.vocab
+                )));
+            }
+        }
+        if let Some(h) = &out.hidden {
+            if h.len() != rows * self.config.hidden {
+                return Err(ModelError::BadArgument(format!(
+                    "hidden buffer holds {} floats, expected {rows} x {}",
+                    h.len(),
+                    self.config.hidden
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the trunk over `tokens` (prefill when many, decode when one), appending them to
+    /// `state`, and writes the requested outputs.
+    pub fn forward(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        mut out: Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::BadArgument("no tokens".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.check_outputs(tokens.len(), &out)?;
+        let needed = state.pos + tokens.len();
+        if needed > state.capacity {
+            return Err(ModelError::ContextFull {
+                needed,
+                capacity: state.capacity,
+            });
+        }
+        let (d, v) = (self.config.hidden, self.config.vocab);
+        let n_tok = tokens.len();
+        if let Some(r) = &out.layer_residuals {
+            if r.len() != (self.config.n_layers + 1) * n_tok * d {
+                return Err(ModelError::BadArgument(format!(
+                    "layer_residuals holds {} floats, expected ({} + 1) x {n_tok} x {d}",
+                    r.len(),
+                    self.config.n_layers
+                )));
+            }
+        }
+        let mut done = 0;
+        for chunk in tokens.chunks(ws.max_rows) {
+            let rows = chunk.len();
+            let pos0 = state.pos;
+            self.backend
+                .embed(&self.weights.token_embd.w, chunk, &mut ws.x)?;
+            let mut save = |l: usize, x: &B::Buf| {
+                if let Some(r) = out.layer_residuals.as_deref_mut() {
+                    let at = (l * n_tok + done) * d;
+                    self.backend.download(x, 0, &mut r[at..at + rows * d]);
+                }
+            };
+            save(0, &ws.x);
+            for (l, (lw, ls)) in self
+                .weights
+                .layers
+                .iter()
+                .zip(state.layers.iter_mut())
+                .enumerate()
+            {
+                self.block(lw, ls, ws, rows, pos0, pos0)?;
+                save(l + 1, &ws.x);
+            }
+            state.pos += rows;
+            let last = done + rows == tokens.len();
+            if out.all_rows || last {
+                let out_rows = if out.all_rows { rows } else { 1 };
+                let first_out = if out.all_rows { done } else { 0 };
+                self.head(
+                    ws,
+                    rows,
+                    out.all_rows,
+                    &self.weights.output_norm,
+                    self.weights.lm_head(),
+                    out.logits.is_some(),
+                )?;
+                if let Some(h) = out.hidden.as_deref_mut() {
+                    self.backend.download(
+                        &ws.h,
+                        0,
+                        &mut h[first_out * d..(first_out + out_rows) * d],
+                    );
+                }
+                if let Some(l) = out.logits.as_deref_mut() {
+                    self.backend.download(
+                        &ws.logits,
+                        0,
+                        &mut l[first_out * v..(first_out + out_rows) * v],
+                    );
+                }
+            }
+            done += rows;
+        }
+        Ok(())
+    }
+
+    /// Final norm of the needed rows of `ws.x` into `ws.h` and (optionally) the LM head into
+    /// `ws.logits`.
+    fn head(
+        &self,
+        ws: &mut Workspace<B>,
+        rows: usize,
+        all_rows: bool,
+        norm: &B::Buf,
+        head: &Matrix<B>,
+        logits: bool,
+    ) -> Result<(), ModelError> {
+        let (be, d, eps) = (&self.backend, self.config.hidden, self.config.rms_eps);
+        let n = if all_rows {
+            be.rms_norm(&ws.x, norm, &mut ws.h, rows, d, eps);
+            rows
+        } else {
+            be.copy(&ws.x, (rows - 1) * d, &mut ws.e, 0, d);
+            be.rms_norm(&ws.e, norm, &mut ws.h, 1, d, eps);
+            1
+        };
+        if logits {
+            project(
+                be,
+                &mut ws.rot,
+                self.rot_block(),
+                &ws.h,
+                n,
+                [(head, &mut ws.logits)],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// One decoder block on the first `rows` rows of `ws.x`.
+    fn block(
+        &self,
+        lw: &LayerWeights<B>,
+        ls: &mut LayerState<B>,
+        ws: &mut Workspace<B>,
+        rows: usize,
+        cache_pos0: usize,
+        rope_pos0: usize,
+    ) -> Result<(), ModelError> {
+        let (be, c) = (&self.backend, &self.config);
+        let (d, eps, blk) = (c.hidden, c.rms_eps, self.rot_block());
+        be.rms_norm(&ws.x, &lw.attn_norm, &mut ws.a, rows, d, eps);
+        match (&lw.mixer, ls) {
+            (Mixer::Attention(aw), LayerState::Attention { k, v }) => {
+                self.attention(aw, k, v, ws, rows, cache_pos0, rope_pos0)?
+            }
+            (Mixer::DeltaNet(gw), LayerState::DeltaNet { conv, ssm }) => {
+                self.deltanet(gw, conv, ssm, ws, rows)?
+            }
+            _ => {
+                return Err(ModelError::BadArgument(
+                    "state does not match the model's layers".into(),
+                ))
+            }
+        }
+        be.add(&mut ws.x, &ws.mix, rows * d);
+        be.rms_norm(&ws.x, &lw.post_norm, &mut ws.a, rows, d, eps);
+        let f = &lw.ffn;
+        project(
+            be,
+            &mut ws.rot,
+            blk,
+            &ws.a,
+            rows,
+            [(&f.gate, &mut ws.gate), (&f.up, &mut ws.up)],
+        )?;
+        be.swiglu(&mut ws.gate, &ws.up, rows * c.ffn);
+        project(
+            be,
+            &mut ws.rot,
+            blk,
+            &ws.gate,
+            rows,
+            [(&f.down, &mut ws.mix)],
+        )?;
+        be.add(&mut ws.x, &ws.mix, rows * d);
+        Ok(())
+    }
+
+    /// Gated full attention: `ws.a` -> `ws.mix`, appending K/V at `cache_pos0`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        aw: &AttnWeights<B>,
+        kc: &mut B::KvBuf,
+        vc: &mut B::KvBuf,
+        ws: &mut Workspace<B>,
+        rows: usize,
+        cache_pos0: usize,
+        rope_pos0: usize,
+    ) -> Result<(), ModelError> {
+        let (be, c) = (&self.backend, &self.config);
+        let (dh, eps, blk) = (c.head_dim, c.rms_eps, self.rot_block());
+        let (hq, hkv, kv) = (c.n_q_heads, c.n_kv_heads, c.kv_dim());
+        project(
+            be,
+            &mut ws.rot,
+            blk,
+            &ws.a,
+            rows,
+            [(&aw.q, &mut ws.qg), (&aw.k, &mut ws.k), (&aw.v, &mut ws.v)],
+        )?;
+        // Per-head q/k RMSNorm, then RoPE on the first `rope_dims` dims (norm before rope).
+        be.rms_norm_strided(&mut ws.qg, &aw.q_norm, dh, 2 * dh, rows * hq, eps);
+        be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps);
+        let q_rope = RopeLayout {
+            n_heads: hq,
+            head_stride: 2 * dh,
+            token_stride: c.q_proj_dim(),
+            n_rot: c.rope_dims,
+        };
+        let k_rope = RopeLayout {
+            n_heads: hkv,
+            head_stride: dh,
+            token_stride: kv,
+            n_rot: c.rope_dims,
+        };
+        be.rope(&mut ws.qg, &q_rope, rows, rope_pos0, c.rope_theta);
+        be.rope(&mut ws.k, &k_rope, rows, rope_pos0, c.rope_theta);
+        be.kv_write(&ws.k, kc, cache_pos0 * kv, rows * kv);
+        be.kv_write(&ws.v, vc, cache_pos0 * kv, rows * kv);
+        be.attention(
+            &ws.qg,
+            kc,
+            vc,
+            &mut ws.attn,
+            &c.attn_layout(),
+            rows,
+            cache_pos0,
+        );
+        // Output gate: the second half of each head's q-projection slice, through a sigmoid.
+        be.sigmoid_gate(
+            &mut ws.attn,
+            &ws.qg,
+            rows,
+            hq,
+            dh,
+            dh,
+            c.q_proj_dim(),
+            2 * dh,
+        );
+        project(be, &mut ws.rot, blk, &ws.attn, rows, [(&aw.o, &mut ws.mix)])
+    }
+
+    /// Gated DeltaNet: `ws.a` -> `ws.mix`, updating the conv and recurrent state.
+    fn deltanet(
+        &self,
+        gw: &GdnWeights<B>,
+        conv: &mut B::Buf,
+        ssm: &mut B::Buf,
+        ws: &mut Workspace<B>,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        let (be, c) = (&self.backend, &self.config);
+        let g = &c.gdn;
+        let blk = self.rot_block();
+        project(
+            be,
+            &mut ws.rot,
+            blk,
+            &ws.a,
+            rows,
+            [
+                (&gw.qkv, &mut ws.u),
+                (&gw.gate, &mut ws.z),
+                (&gw.beta, &mut ws.b),
+                (&gw.alpha, &mut ws.al),
+            ],
+        )?;
+        be.conv1d_silu(
+            &ws.u,
+            &gw.conv,
+            conv,
+            &mut ws.y,
+            rows,
+            g.conv_dim(),
+            g.conv_kernel,
+        );
+        be.gated_delta_rule(
+            &mut ws.y,
+            &mut ws.b,
+            &mut ws.al,
+            &gw.a,
+            &gw.dt_bias,
+            ssm,
+            &mut ws.o,
+            g,
+            rows,
+        );
+        be.gated_rms_norm(
+            &mut ws.o,
+            &ws.z,
+            &gw.norm,
+            rows * g.value_dim(),
+            g.dv,
+            c.rms_eps,
+        );
+        project(be, &mut ws.rot, blk, &ws.o, rows, [(&gw.out, &mut ws.mix)])
+    }
+
+    /// Runs the MTP block over rows `(tokens[i], hidden[i])`, appending them to the MTP KV cache
+    /// (RoPE positions `rope_pos0..`), and writes its logits (and its own normed hidden state,
+    /// the `h` of a chained draft step).
+    ///
+    /// Convention (vLLM / transformers): the row for token `x_{p+1}` takes the trunk's
+    /// post-`output_norm` state `h_p` and sits at position `p + 1`; it predicts `x_{p+2}`.
+    pub fn mtp_forward(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        hidden: &[f32],
+        rope_pos0: usize,
+        mut out: Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        let Some(mtp_state) = state.mtp.as_mut() else {
+            return Err(ModelError::NoMtp);
+        };
+        let (be, c) = (&self.backend, &self.config);
+        let (d, v, eps) = (c.hidden, c.vocab, c.rms_eps);
+        if tokens.is_empty() || hidden.len() != tokens.len() * d {
+            return Err(ModelError::BadArgument(format!(
+                "MTP: {} tokens need {} hidden floats, got {}",
+                tokens.len(),
+                tokens.len() * d,
+                hidden.len()
+            )));
+        }
+        self.check_tokens(tokens)?;
+        self.check_outputs(tokens.len(), &out)?;
+        let needed = state.mtp_len + tokens.len();
+        if needed > state.capacity {
+            return Err(ModelError::ContextFull {
+                needed,
+                capacity: state.capacity,
+            });
+        }
+        let embed = mtp.embed.as_ref().unwrap_or(&self.weights.token_embd);
+        let head = mtp.head.as_ref().unwrap_or(self.weights.lm_head());
+        let head_norm = mtp.head_norm.as_ref().unwrap_or(&self.weights.output_norm);
+        let mut done = 0;
+        for chunk in tokens.chunks(ws.max_rows) {
+            let rows = chunk.len();
+            be.embed(&embed.w, chunk, &mut ws.e)?;
+            be.upload(&hidden[done * d..(done + rows) * d], &mut ws.h, 0);
+            be.rms_norm(&ws.e, &mtp.enorm, &mut ws.a, rows, d, eps);
+            be.rms_norm(&ws.h, &mtp.hnorm, &mut ws.mix, rows, d, eps);
+            // eh_proj input: [enorm(embedding) ; hnorm(h)] per row (embedding first).
+            for t in 0..rows {
+                be.copy(&ws.a, t * d, &mut ws.cat, 2 * t * d, d);
+                be.copy(&ws.mix, t * d, &mut ws.cat, 2 * t * d + d, d);
+            }
+            project(
+                be,
+                &mut ws.rot,
+                self.rot_block(),
+                &ws.cat,
+                rows,
+                [(&mtp.eh_proj, &mut ws.x)],
+            )?;
+            self.block(
+                &mtp.block,
+                mtp_state,
+                ws,
+                rows,
+                state.mtp_len,
+                rope_pos0 + done,
+            )?;
+            state.mtp_len += rows;
+            let last = done + rows == tokens.len();
+            if out.all_rows || last {
+                let out_rows = if out.all_rows { rows } else { 1 };
+                let first_out = if out.all_rows { done } else { 0 };
+                self.head(
+                    ws,
+                    rows,
+                    out.all_rows,
+                    head_norm,
+                    head,
+                    out.logits.is_some(),
+                )?;
+                if let Some(h) = out.hidden.as_deref_mut() {
+                    be.download(&ws.h, 0, &mut h[first_out * d..(first_out + out_rows) * d]);
+                }
+                if let Some(l) = out.logits.as_deref_mut() {
+                    be.download(
+                        &ws.logits,
+                        0,
+                        &mut l[first_out * v..(first_out + out_rows) * v],
+                    );
+                }
+            }
+            done += rows;
+        }
+        Ok(())
+    }
+}

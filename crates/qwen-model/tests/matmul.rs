@@ -1,0 +1,249 @@
+//! Quantized matrix products, embedding gather and the Hadamard rotation of the CPU backend,
+//! against naive decode-then-f64-dot references written here, for every weight type.
+#![allow(clippy::needless_range_loop)] // the naive references index like the formulas
+
+use gguf_io::GgmlType;
+use qwen_model::backend::{Backend, WeightSource};
+use qwen_model::CpuBackend;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A multiple of every block size involved (256 for K-quants, 80 for pn3t, 64 for pn4t).
+const K: usize = 1280;
+const ROWS: usize = 37;
+
+fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+/// Encodes `ROWS x K` random weights as `ty` (hand-built blocks for the types gguf-io does not
+/// quantize).
+fn encode(ty: GgmlType, rng: &mut StdRng) -> Vec<u8> {
+    let w = randn(rng, ROWS * K, 0.05);
+    let mut out = Vec::new();
+    match ty {
+        GgmlType::Pn3t | GgmlType::Pn4t => {
+            let pt = if ty == GgmlType::Pn3t {
+                pn_format::PnType::Pn3t
+            } else {
+                pn_format::PnType::Pn4t
+            };
+            for r in w.chunks_exact(K) {
+                out.extend(pn_format::quantize_row_ref(pt, r).unwrap());
+            }
+        }
+        GgmlType::Q4_0 => {
+            // Block: f16 scale, 16 bytes of nibbles.
+            for _ in 0..ROWS * K / 32 {
+                out.extend(half::f16::from_f32(rng.random_range(0.001f32..0.01)).to_le_bytes());
+                out.extend((0..16).map(|_| rng.random::<u8>()));
+            }
+        }
+        GgmlType::Q5K => {
+            // Block: d, dmin (f16), 12 bytes of 6-bit scales/mins, 32 bytes high bits, 128 nibbles.
+            for _ in 0..ROWS * K / 256 {
+                out.extend(half::f16::from_f32(rng.random_range(0.0005f32..0.002)).to_le_bytes());
+                out.extend(half::f16::from_f32(rng.random_range(0.0005f32..0.002)).to_le_bytes());
+                out.extend((0..12 + 32 + 128).map(|_| rng.random::<u8>()));
+            }
+        }
+        _ => {
+            for r in w.chunks_exact(K) {
+                gguf_io::quants::quantize_row(ty, r, &mut out).unwrap();
+            }
+        }
+    }
+    assert_eq!(
+        out.len() as u64,
+        ty.row_bytes(K as u64).unwrap() * ROWS as u64
+    );
+    out
+}
+
+fn decode_row(ty: GgmlType, row: &[u8]) -> Vec<f32> {
+    let mut dst = vec![0.0; K];
+    match ty {
+        GgmlType::Pn3t => {
+            pn_format::dequantize_row(pn_format::PnType::Pn3t, row, &mut dst).unwrap()
+        }
+        GgmlType::Pn4t => {
+            pn_format::dequantize_row(pn_format::PnType::Pn4t, row, &mut dst).unwrap()
+        }
+        _ => gguf_io::quants::dequantize_row(ty, row, &mut dst).unwrap(),
+    }
+    dst
+}
+
+const TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Pn3t,
+    GgmlType::Pn4t,
+];
+
+#[test]
+fn matmul_every_type_matches_naive() {
+    let be = CpuBackend::new(2);
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in TYPES {
+        let bytes = encode(ty, &mut rng);
+        let rb = bytes.len() / ROWS;
+        let src = WeightSource {
+            name: "w",
+            ty,
+            rows: ROWS,
+            cols: K,
+            bytes: &bytes,
+            rotated: false,
+            rotation_block: 0,
+            file: None,
+        };
+        let w = be.load_weight(&src).unwrap();
+        // 1 and 2 rows take the fused per-row dot (prepared activations for PN), 5 rows the
+        // decode-once path: all must agree with the reference.
+        for t in [1usize, 2, 5] {
+            let x = randn(&mut rng, t * K, 1.0);
+            let mut y = vec![0.0f32; t * ROWS];
+            let mut y2 = vec![0.0f32; t * ROWS];
+            be.matmul(&x, t, &mut [(&w, &mut y), (&w, &mut y2)])
+                .unwrap();
+            assert_eq!(y, y2, "{ty:?}: two outputs of one call differ");
+            for r in 0..ROWS {
+                let wr = decode_row(ty, &bytes[r * rb..(r + 1) * rb]);
+                for ti in 0..t {
+                    let xr = &x[ti * K..(ti + 1) * K];
+                    let want: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = wr
+                        .iter()
+                        .zip(xr)
+                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                        .sum();
+                    let got = y[ti * ROWS + r] as f64;
+                    // f32 accumulation; the PN int16 activation path adds <= 2^-16 relative.
+                    let tol = 1e-5 + 1e-4 * mag;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{ty:?} t={t} row {r}: {got} vs {want} (tol {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn naive_hadamard(x: &[f32], r: usize) -> Vec<f32> {
+    let s = 1.0 / (r as f64).sqrt();
+    let mut out = vec![0.0f32; x.len()];
+    for (blk, ob) in x.chunks_exact(r).zip(out.chunks_exact_mut(r)) {
+        for i in 0..r {
+            let v: f64 = (0..r)
+                .map(|j| {
+                    if (i & j).count_ones() % 2 == 0 {
+                        blk[j] as f64
+                    } else {
+                        -(blk[j] as f64)
+                    }
+                })
+                .sum();
+            ob[i] = (v * s) as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn hadamard_matches_sylvester_matrix() {
+    let be = CpuBackend::new(1);
+    let mut rng = StdRng::seed_from_u64(12);
+    for r in [64usize, 256] {
+        let x = randn(&mut rng, 3 * r, 1.0);
+        let mut got = x.clone();
+        be.hadamard(&mut got, x.len(), r);
+        let want = naive_hadamard(&x, r);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn embed_gathers_rows_and_unrotates_pn() {
+    let be = CpuBackend::new(1);
+    let mut rng = StdRng::seed_from_u64(13);
+    for (ty, rotated) in [
+        (GgmlType::F16, false),
+        (GgmlType::Q8_0, false),
+        (GgmlType::Pn4t, true),
+    ] {
+        let bytes = encode(ty, &mut rng);
+        let rb = bytes.len() / ROWS;
+        let src = WeightSource {
+            name: "token_embd.weight",
+            ty,
+            rows: ROWS,
+            cols: K,
+            bytes: &bytes,
+            rotated,
+            rotation_block: 64,
+            file: None,
+        };
+        let w = be.load_weight(&src).unwrap();
+        let tokens = [3u32, 0, 36, 3];
+        let mut out = vec![0.0; tokens.len() * K];
+        be.embed(&w, &tokens, &mut out).unwrap();
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = decode_row(ty, &bytes[t as usize * rb..(t as usize + 1) * rb]);
+            // A rotated table stores E H: the gather applies H again to get E back.
+            let want = if rotated {
+                naive_hadamard(&row, 64)
+            } else {
+                row
+            };
+            for (a, b) in out[i * K..(i + 1) * K].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "{ty:?} token {t}");
+            }
+        }
+    }
+}
+
+#[test]
+fn unsupported_type_and_short_data_are_errors() {
+    let be = CpuBackend::new(1);
+    let bytes = vec![0u8; 10];
+    let mut src = WeightSource {
+        name: "blk.0.ffn_up.weight",
+        ty: GgmlType::F16,
+        rows: 2,
+        cols: 32,
+        bytes: &bytes,
+        rotated: false,
+        rotation_block: 0,
+        file: None,
+    };
+    let e = be
+        .load_weight(&src)
+        .err()
+        .expect("short data must fail")
+        .to_string();
+    assert!(e.contains("blk.0.ffn_up.weight"), "{e}");
+    src.ty = GgmlType::Q2K;
+    src.cols = 256;
+    let e = be
+        .load_weight(&src)
+        .err()
+        .expect("q2_K must fail")
+        .to_string();
+    assert!(
+        e.contains("blk.0.ffn_up.weight") && e.contains("q2_K"),
+        "{e}"
+    );
+}
