@@ -1,6 +1,41 @@
-//! Developer automation: `cargo xtask golden` and friends.
+//! Developer automation: `cargo xtask <subcommand>`.
+//!
+//! Each subcommand is a module with a clap `Args` struct and `run(args)`; add one variant to
+//! [`Task`] and one match arm to add another (e.g. `golden`).
 
-fn main() {
-    eprintln!("usage: cargo xtask <golden|synth-model>");
-    std::process::exit(2);
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod golden;
+mod synth_model;
+
+/// `cargo xtask`: developer tasks of the pn workspace.
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Write a synthetic model with the real Qwen3.8-27B-PN3 shapes and types (mix P0k+19).
+    SynthModel(synth_model::Args),
+    /// Rerun the golden set and compare with the reviewed snapshots (xtask/golden/).
+    Golden(golden::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.task {
+        Task::SynthModel(args) => synth_model::run(args),
+        Task::Golden(args) => golden::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

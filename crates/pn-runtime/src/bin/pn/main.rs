@@ -3,26 +3,78 @@
 //! Each subcommand lives in its own module with an `Args` struct (clap derive) and a
 //! `run(args) -> Result<(), Box<dyn std::error::Error>>` function; this file only dispatches.
 
+mod bench;
+mod chat;
+mod engine_args;
+mod inspect;
+mod perplexity;
+mod run;
+mod logits;
+mod eval_kl;
+mod quantize;
+mod template;
+mod tokenize;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Command-line interface of the pn inference engine.
 #[derive(Parser)]
-#[command(name = "pn", version, about = "Run Qwen3.5/3.8 hybrid models in the PN format")]
+#[command(
+    name = "pn",
+    version,
+    long_version = long_version(),
+    about = "Run Qwen3.5/3.8 hybrid models in the PN format"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// `pn --version`: the version plus the CUDA kernels this build embeds (or why it has none).
+fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| format!("{}\n{}", env!("CARGO_PKG_VERSION"), pn_kernels::build_info()))
+}
+
 #[derive(Subcommand)]
 enum Command {
     // One variant per subcommand, e.g. `Inspect(inspect::Args)`.
+    /// Print a GGUF's metadata and tensor table (--json, --validate for PN rows).
+    Inspect(inspect::Args),
+    /// Quantize an F32/F16/BF16/Q8_0 qwen35 GGUF to a PN model (mix P0k+19, Hadamard-rotated).
+    Quantize(quantize::Args),
+    /// Compare a quantized model with its base: mean/p99 KL, top-1 agreement, perplexity.
+    EvalKl(eval_kl::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::Args),
+    /// Render messages with the model's chat template and print the prompt exactly.
+    Template(template::Args),
+    /// Evaluate a token sequence from an empty state and write all positions' logits (raw f32).
+    Logits(logits::Args),
+    /// Complete one prompt, streaming to stdout (no -m: the built-in demo model).
+    Run(run::Args),
+    /// Interactive multi-turn chat with the chat template (/reset, Ctrl-C stops a reply).
+    Chat(chat::Args),
+    /// Prompt-processing and generation speed (pp512, tg128), llama-bench style.
+    Bench(bench::Args),
+    /// Perplexity on a text or token file; --kl-base for KL against saved logits.
+    Perplexity(perplexity::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        // Command::Inspect(args) => inspect::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Quantize(args) => quantize::run(args),
+        Command::EvalKl(args) => eval_kl::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Template(args) => template::run(args),
+        Command::Logits(args) => logits::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

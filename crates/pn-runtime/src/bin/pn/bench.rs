@@ -1,0 +1,259 @@
+//! `pn bench`: prompt-processing and generation speed, llama-bench style.
+//!
+//! Each test runs `-r` times on a fresh sequence, after `-d` tokens of context (not timed):
+//! `ppN` processes N prompt tokens in one call, `tgN` generates N tokens one at a time.
+//! Output `-o md` (default) is a table, `-o csv` one row per test, and `-o json` an array with
+//! one object per test:
+//!
+//! ```json
+//! [{"model": "model.gguf", "model_size": 34756896, "model_n_params": 17160000,
+//!   "backend": "CPU", "n_threads": 2, "test": "pp512", "n_prompt": 512, "n_gen": 0,
+//!   "n_depth": 0, "repetitions": 5, "avg_ts": 812.3, "stddev_ts": 4.1,
+//!   "samples_ts": [810.0, ...], "samples_ns": [630000000, ...]}]
+//! ```
+//!
+//! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
+//! the repetitions.
+
+use crate::engine_args::{self, ModelArgs};
+use pn_runtime::Engine;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Measure prompt processing (ppN) and generation (tgN) speed, as llama-bench.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt lengths to test (comma-separated; 0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Context depths: tokens already in the sequence before each test (comma-separated).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Output format: md, csv or json.
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "csv", "json"])]
+    pub output: String,
+}
+
+/// One result row (the JSON object documented in the module docs).
+#[derive(Debug, Serialize)]
+pub struct BenchResult {
+    /// Model file name.
+    pub model: String,
+    /// Model file size in bytes.
+    pub model_size: u64,
+    /// Number of weights.
+    pub model_n_params: u64,
+    /// Backend name.
+    pub backend: String,
+    /// CPU threads.
+    pub n_threads: usize,
+    /// Test name, `pp512`, `tg128`, with `@ dN` when at depth.
+    pub test: String,
+    /// Prompt tokens (pp tests).
+    pub n_prompt: usize,
+    /// Generated tokens (tg tests).
+    pub n_gen: usize,
+    /// Context depth.
+    pub n_depth: usize,
+    /// Repetitions.
+    pub repetitions: usize,
+    /// Mean tokens per second.
+    pub avg_ts: f64,
+    /// Sample standard deviation of tokens per second.
+    pub stddev_ts: f64,
+    /// Tokens per second of each repetition.
+    pub samples_ts: Vec<f64>,
+    /// Nanoseconds of each repetition.
+    pub samples_ns: Vec<u64>,
+}
+
+/// Deterministic, ordinary (non-special) token ids to feed.
+fn bench_tokens(engine: &Engine, n: usize, salt: usize) -> Vec<u32> {
+    let tok = engine.tokenizer();
+    let usable: Vec<u32> = (0..tok.n_vocab().min(engine.model().config.vocab) as u32)
+        .filter(|&id| engine.token_mask().allows(id) && !tok.is_eog(id))
+        .collect();
+    (0..n)
+        .map(|i| usable[(i.wrapping_mul(7919) + salt * 104_729 + 17) % usable.len().max(1)])
+        .collect()
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Times one test: `n_prompt` tokens in one call, or `n_gen` single-token calls, after `depth`.
+fn run_test(
+    engine: &Engine,
+    depth: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
+    let mut session = engine.session()?;
+    let mut samples = Vec::with_capacity(reps);
+    let ctx_tokens = bench_tokens(engine, depth, 1);
+    let prompt = bench_tokens(engine, n_prompt, 2);
+    let gen = bench_tokens(engine, n_gen, 3);
+    // One untimed warm-up run (page in the weights, grow scratch buffers).
+    for rep in 0..=reps {
+        session.reset();
+        if depth > 0 {
+            session.feed(&ctx_tokens)?;
+        }
+        let t0 = Instant::now();
+        if n_prompt > 0 {
+            session.feed(&prompt)?;
+        }
+        for &t in &gen {
+            session.feed(&[t])?;
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        if rep > 0 {
+            samples.push(ns.max(1));
+        }
+    }
+    Ok(samples)
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut model_args = args.model.clone();
+    let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
+    let max_len = args
+        .n_prompt
+        .iter()
+        .chain(&args.n_gen)
+        .copied()
+        .max()
+        .unwrap_or(0);
+    if model_args.ctx_size == 0 {
+        model_args.ctx_size = max_depth + max_len;
+    }
+    let engine = engine_args::load_engine(&model_args, true)?;
+    let reps = args.repetitions.max(1);
+    let model_name = engine.path().file_name().map_or_else(
+        || engine.path().display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let threads = engine.model().backend.n_threads();
+
+    let mut tests = Vec::new();
+    for &d in &args.n_depth {
+        for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+            tests.push((d, p, 0));
+        }
+        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+            tests.push((d, 0, n));
+        }
+    }
+    let mut results = Vec::new();
+    for (d, p, n) in tests {
+        let samples_ns = run_test(&engine, d, p, n, reps)?;
+        let tokens = (p + n) as f64;
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&ns| tokens * 1e9 / ns as f64)
+            .collect();
+        let (avg_ts, stddev_ts) = mean_std(&samples_ts);
+        let name = if p > 0 {
+            format!("pp{p}")
+        } else {
+            format!("tg{n}")
+        };
+        let test = if d > 0 {
+            format!("{name} @ d{d}")
+        } else {
+            name
+        };
+        let r = BenchResult {
+            model: model_name.clone(),
+            model_size: engine.file_size(),
+            model_n_params: engine.n_params(),
+            backend: "CPU".into(),
+            n_threads: threads,
+            test,
+            n_prompt: p,
+            n_gen: n,
+            n_depth: d,
+            repetitions: reps,
+            avg_ts,
+            stddev_ts,
+            samples_ts,
+            samples_ns,
+        };
+        if args.output == "md" {
+            if results.is_empty() {
+                println!("| model | size | params | backend | threads | test | t/s |");
+                println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+            }
+            println!(
+                "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
+                r.model,
+                r.model_size as f64 / (1u64 << 20) as f64,
+                r.model_n_params as f64 / 1e6,
+                r.backend,
+                r.n_threads,
+                r.test,
+                r.avg_ts,
+                r.stddev_ts
+            );
+        }
+        results.push(r);
+    }
+    match args.output.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&results)?),
+        "csv" => {
+            println!("model,model_size,model_n_params,backend,n_threads,test,n_prompt,n_gen,n_depth,repetitions,avg_ts,stddev_ts");
+            for r in &results {
+                println!(
+                    "\"{}\",{},{},{},{},\"{}\",{},{},{},{},{:.4},{:.4}",
+                    r.model.replace('"', "\"\""),
+                    r.model_size,
+                    r.model_n_params,
+                    r.backend,
+                    r.n_threads,
+                    r.test,
+                    r.n_prompt,
+                    r.n_gen,
+                    r.n_depth,
+                    r.repetitions,
+                    r.avg_ts,
+                    r.stddev_ts
+                );
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}

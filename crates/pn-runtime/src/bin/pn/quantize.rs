@@ -1,0 +1,117 @@
+//! `pn quantize IN.gguf OUT.gguf`: make a PN model (mix P0k+19, Hadamard-rotated) from an
+//! F32/F16/BF16/Q8_0 `qwen35` GGUF.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pn_runtime::quantize::{
+    quantize_model, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
+};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Arguments of `pn quantize`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Input GGUF (F32/F16/BF16/Q8_0 weights, architecture qwen35).
+    pub input: PathBuf,
+    /// Output GGUF (refused if it exists, unless --force).
+    pub output: PathBuf,
+    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, all-q3_K,
+    /// all-q4_K, all-q8_0.
+    #[arg(long, default_value = "P0k+19")]
+    pub mix: String,
+    /// Number of pn3t tensors promoted to pn4t (overrides the mix's N; 0 = none).
+    #[arg(long)]
+    pub promote: Option<usize>,
+    /// Hadamard block size R (power of two dividing every rotated K).
+    #[arg(long, conflicts_with = "no_rotation")]
+    pub rotation_block: Option<usize>,
+    /// Do not rotate PN weights.
+    #[arg(long)]
+    pub no_rotation: bool,
+    /// Importance matrix (llama.cpp imatrix, GGUF or legacy .dat) to weight the promotion ranking.
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Overwrite OUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Print each tensor's relative squared error with and without rotation.
+    #[arg(long)]
+    pub report: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Runs `pn quantize`.
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut opts = QuantizeOptions::new(&args.input, &args.output);
+    opts.mix = Mix::parse(&args.mix)?;
+    opts.promote = args.promote;
+    opts.rotation = match (args.no_rotation, args.rotation_block) {
+        (true, _) => RotationChoice::None,
+        (false, Some(r)) => RotationChoice::Block(r),
+        (false, None) => RotationChoice::Default,
+    };
+    opts.imatrix = args.imatrix;
+    opts.threads = args.threads;
+    opts.force = args.force;
+    opts.report = args.report;
+
+    // Ctrl-C only raises a flag: the workers stop, the temporary file is removed, and the
+    // error says so. A second Ctrl-C while unwinding is not needed: the flag is checked per row.
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = Arc::clone(&cancel);
+        // Failing to install the handler (e.g. one already set) only loses the clean-up on ^C.
+        let _ = ctrlc::set_handler(move || c.store(true, Ordering::SeqCst));
+    }
+
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>10} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {wide_msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let bar = Mutex::new(bar);
+    let on_progress = |p: Progress<'_>| {
+        let Ok(b) = bar.lock() else { return };
+        match p {
+            Progress::Phase { label, total_bytes } => {
+                b.set_prefix(label.to_string());
+                b.set_length(total_bytes);
+                b.set_position(0);
+                b.reset_eta();
+            }
+            Progress::Tensor { name } => b.set_message(name.to_string()),
+            Progress::Advance(n) => b.inc(n),
+        }
+    };
+    let result = quantize_model(&opts, &on_progress, &cancel);
+    if let Ok(b) = bar.lock() {
+        b.finish_and_clear();
+    }
+    let summary = match result {
+        Ok(s) => s,
+        Err(QuantizeError::Interrupted) => return Err(Box::new(QuantizeError::Interrupted)),
+        Err(e) => return Err(Box::new(e)),
+    };
+    if args.report {
+        println!("{}", summary.report_table());
+    }
+    if !summary.promoted.is_empty() {
+        println!("promoted to pn4t: {}", summary.promoted.join(", "));
+    }
+    print!("{}", summary.size_table());
+    println!("wrote {}", args.output.display());
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! What [`Engine::load`](super::Engine::load) is told: device, context, KV cache type, threads.
+
+use super::error::EngineError;
+use std::fmt;
+use std::str::FromStr;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The CPU backend (exact; SIMD where available).
+    #[default]
+    Cpu,
+    /// A CUDA device by ordinal (`cuda`, `cuda:0`, `cuda:1`...).
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Device, EngineError> {
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => t
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| EngineError::UnknownDevice(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Element type of the attention KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// 32-bit floats (the CPU backend's only type).
+    #[default]
+    F32,
+    /// 16-bit floats (for the CUDA backend, later).
+    F16,
+}
+
+impl FromStr for KvType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KvType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            _ => Err(format!("unknown KV cache type `{s}` (expected f32 or f16)")),
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        })
+    }
+}
+
+/// Default context when none is given: long enough for chat, small enough that the KV cache of a
+/// 27B model fits in a few GiB (llama.cpp's default is 4096 too).
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// How to load a model. `EngineOptions::default()` is the CPU backend on all cores with a
+/// context of [`DEFAULT_CONTEXT`] (or the model's, if shorter) and an f32 KV cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Where to run.
+    pub device: Device,
+    /// Positions each session can hold; 0 means `min(DEFAULT_CONTEXT, model's context)`.
+    pub context: usize,
+    /// Element type of the K cache.
+    pub kv_type_k: KvType,
+    /// Element type of the V cache.
+    pub kv_type_v: KvType,
+    /// CPU threads; 0 uses every available core.
+    pub threads: usize,
+    /// Check every block of every PN tensor when loading (cheap next to the first forward pass;
+    /// it turns a corrupt file into an error naming the tensor and block instead of garbage).
+    pub validate_pn: bool,
+    /// Tokens per internal prefill step (bounds the activation memory of long prompts).
+    pub batch: usize,
+    /// A chat template to use instead of the model's `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            device: Device::Cpu,
+            context: 0,
+            kv_type_k: KvType::F32,
+            kv_type_v: KvType::F32,
+            threads: 0,
+            validate_pn: true,
+            batch: 64,
+            chat_template: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert_eq!("CUDA".parse::<Device>().unwrap(), Device::Cuda(0));
+        assert_eq!("cuda:2".parse::<Device>().unwrap(), Device::Cuda(2));
+        for bad in ["tpu", "cuda:", "cuda:x", ""] {
+            let e = bad.parse::<Device>().unwrap_err();
+            assert!(e.to_string().contains("unknown device"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! `pn quantize`: turns an F32/F16/BF16/Q8_0 `qwen35` GGUF into a PN model.
+//!
+//! The pipeline, one module per step:
+//! - [`mix`]: the role of each tensor and the type a named mix gives it (decisions doc section 7);
+//! - [`plan`]: per-tensor plan (target type, K checks, stock types simulated where K does not fit);
+//! - [`rotation`]: the Hadamard block size (section 6);
+//! - promotion (here): rank the pn3t tensors by relative squared error after rotation, optionally
+//!   weighted by an importance matrix ([`imatrix`]), and promote the worst N to pn4t; the
+//!   ranking pass's bytes of the tensors that stay pn3t are spilled to a scratch file and reused;
+//! - [`parallel`] + [`codec`]: decode each row, rotate it (`W H`), quantize it with exactly
+//!   `pn_format::quantize_row_ref` (stock types: gguf-io's quantizers), several threads per tensor;
+//! - [`output`]: everything goes to a temporary file that is renamed only when complete;
+//! - [`eval`]: model-level quality (KL, top-1, perplexity) through qwen-model's forward pass.
+//!
+//! Memory stays bounded: the input is memory-mapped and one tensor's output is held at a time.
+
+pub mod codec;
+pub mod error;
+pub mod eval;
+pub mod imatrix;
+pub mod mix;
+pub mod output;
+pub mod parallel;
+pub mod plan;
+pub mod rotation;
+mod spill;
+pub mod summary;
+
+pub use error::QuantizeError;
+pub use mix::{Mix, MixKind, Role, Target};
+pub use rotation::RotationChoice;
+pub use summary::{QuantizeSummary, TensorResult};
+
+use codec::ErrStats;
+use gguf_io::{GgmlType, GgufError, GgufFile, GgufWriter, Value};
+use parallel::{encode_tensor, EncodeJob, InputRows};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// Metadata key: rotation kind (`"hadamard"`); absent means no rotation.
+pub const KEY_ROTATION_KIND: &str = "pn.rotation.kind";
+/// Metadata key: rotation block size (u32).
+pub const KEY_ROTATION_BLOCK: &str = "pn.rotation.block_size";
+/// Metadata key: the mix name (string).
+pub const KEY_MIX: &str = "pn.mix";
+/// Metadata key: the promoted tensor names (string array).
+pub const KEY_PROMOTED: &str = "pn.promoted";
+/// Metadata key: tensors stored as F32 stand-ins of a stock type (string array; only present
+/// when there are any).
+pub const KEY_SIMULATED: &str = "pn.simulated";
+
+/// Everything `pn quantize` takes.
+#[derive(Clone, Debug)]
+pub struct QuantizeOptions {
+    /// Input GGUF.
+    pub input: PathBuf,
+    /// Output GGUF (must not exist unless `force`).
+    pub output: PathBuf,
+    /// The mix (default `P0k+19`).
+    pub mix: Mix,
+    /// Overrides the mix's promotion count.
+    pub promote: Option<usize>,
+    /// Rotation block choice.
+    pub rotation: RotationChoice,
+    /// Importance matrix used to rank promotions.
+    pub imatrix: Option<PathBuf>,
+    /// Worker threads (0 = all cores).
+    pub threads: usize,
+    /// Overwrite an existing output.
+    pub force: bool,
+    /// Measure the unrotated error of every PN tensor too.
+    pub report: bool,
+}
+
+impl QuantizeOptions {
+    /// Defaults for `input -> output`: P0k+19, default rotation, all cores.
+    pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>) -> QuantizeOptions {
+        QuantizeOptions {
+            input: input.into(),
+            output: output.into(),
+            mix: Mix::p0k19(),
+            promote: None,
+            rotation: RotationChoice::Default,
+            imatrix: None,
+            threads: 0,
+            force: false,
+            report: false,
+        }
+    }
+}
+
+/// Progress events, sent from the calling thread and from worker threads.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    /// A new phase starts (`"ranking"` or `"quantizing"`) over this many input bytes.
+    Phase {
+        /// Phase name.
+        label: &'a str,
+        /// Input bytes the phase will read.
+        total_bytes: u64,
+    },
+    /// Work on a tensor starts.
+    Tensor {
+        /// Tensor name.
+        name: &'a str,
+    },
+    /// This many more input bytes are done.
+    Advance(u64),
+}
+
+/// A progress sink that ignores everything.
+pub fn no_progress(_: Progress<'_>) {}
+
+/// Quantizes `opts.input` into `opts.output`. `cancel` stops the run (the temporary output is
+/// removed and [`QuantizeError::Interrupted`] returned).
+pub fn quantize_model(
+    opts: &QuantizeOptions,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    cancel: &AtomicBool,
+) -> Result<QuantizeSummary, QuantizeError> {
+    let t0 = Instant::now();
+    let gguf_err = |e: GgufError| QuantizeError::Gguf {
+        path: opts.input.clone(),
+        source: e,
+    };
+    let file = GgufFile::open(&opts.input).map_err(gguf_err)?;
+    let mut mix = opts.mix.clone();
+    if let Some(n) = opts.promote {
+        mix.promote = n;
+    }
+    let mut plan = plan::make_plan(&file, &opts.input, &mix, opts.rotation)?;
+    // Refuse an existing output before the long ranking pass, not after it.
+    if opts.output.exists() && !opts.force {
+        return Err(QuantizeError::OutputExists(opts.output.clone()));
+    }
+    let importance = match &opts.imatrix {
+        Some(p) => Some(imatrix::load(p)?),
+        None => None,
+    };
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        opts.threads
+    };
+
+    let ranked = promote(
+        &file,
+        &opts.output,
+        &mut plan,
+        mix.effective_promote(),
+        importance.as_ref(),
+        threads,
+        opts.report,
+        progress,
+        cancel,
+    )?;
+    let promoted = ranked.promoted.clone();
+    let mix_name = if mix.kind == MixKind::P0k {
+        Mix {
+            kind: MixKind::P0k,
+            promote: promoted.len(),
+        }
+        .to_string()
+    } else {
+        mix.to_string()
+    };
+
+    let (guard, mut out) = output::TempOutput::create(&opts.output, &opts.input, opts.force)?;
+    let needed: u64 = plan.tensors.iter().map(|t| t.out_bytes()).sum();
+    let write_err = |e: GgufError| match e {
+        GgufError::Io(io) => guard.write_err(io, needed),
+        other => QuantizeError::GgufWrite {
+            path: opts.output.clone(),
+            source: other,
+        },
+    };
+
+    let mut w = GgufWriter::new(&mut out);
+    for m in file.metadata() {
+        // Stale PN keys of an earlier run must not survive; everything else is copied as is.
+        if !m.key.starts_with("pn.") {
+            w.add_metadata(m.key.clone(), m.value.clone())
+                .map_err(write_err)?;
+        }
+    }
+    if let Some(r) = plan.rotation {
+        w.add_metadata(KEY_ROTATION_KIND, Value::String("hadamard".into()))
+            .map_err(write_err)?;
+        w.add_metadata(KEY_ROTATION_BLOCK, Value::U32(r as u32))
+            .map_err(write_err)?;
+    }
+    w.add_metadata(KEY_MIX, Value::String(mix_name.clone()))
+        .map_err(write_err)?;
+    w.add_metadata(
+        KEY_PROMOTED,
+        Value::Array(gguf_io::Array::String(promoted.clone())),
+    )
+    .map_err(write_err)?;
+    let simulated: Vec<String> = plan
+        .tensors
+        .iter()
+        .filter(|t| t.encoder.simulated)
+        .map(|t| t.name().to_string())
+        .collect();
+    if !simulated.is_empty() {
+        w.add_metadata(
+            KEY_SIMULATED,
+            Value::Array(gguf_io::Array::String(simulated)),
+        )
+        .map_err(write_err)?;
+    }
+    for t in &plan.tensors {
+        w.add_tensor_info(t.name(), t.encoder.out_type(), &t.dims)
+            .map_err(write_err)?;
+    }
+    w.write_header().map_err(write_err)?;
+
+    let total_in: u64 = plan.tensors.iter().map(|t| t.in_bytes).sum();
+    progress(Progress::Phase {
+        label: "quantizing",
+        total_bytes: total_in,
+    });
+    let mut results = Vec::with_capacity(plan.tensors.len());
+    let mut ranked = ranked;
+    for (i, t) in plan.tensors.iter().enumerate() {
+        progress(Progress::Tensor { name: t.name() });
+        let (bytes, stats) = match ranked.take(i)? {
+            // Encoded by the ranking pass and not promoted: the same bytes, read back.
+            Some(done) => {
+                progress(Progress::Advance(t.in_bytes));
+                done
+            }
+            None => encode_one(&file, t, true, opts.report, None, threads, progress, cancel)?,
+        };
+        w.write_tensor_data(t.name(), &bytes).map_err(write_err)?;
+        results.push(TensorResult {
+            name: t.name().to_string(),
+            role: t.role,
+            ty: t.encoder.target.ggml().name(),
+            simulated: t.encoder.simulated,
+            promoted: t.promoted,
+            params: t.params(),
+            bytes: t.out_bytes(),
+            nominal_bytes: t.nominal_bytes(),
+            stats,
+        });
+    }
+    w.finish().map_err(write_err)?;
+    let file_out = out
+        .into_inner()
+        .map_err(|e| guard.write_err(e.into_error(), needed))?;
+    let out_bytes = file_out
+        .metadata()
+        .map(|m| m.len())
+        .map_err(|e| guard.write_err(e, needed))?;
+    guard.commit(file_out)?;
+    Ok(QuantizeSummary {
+        mix: mix_name,
+        rotation: plan.rotation,
+        promoted,
+        tensors: results,
+        in_bytes: total_in,
+        out_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+        report: opts.report,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn encode_one(
+    file: &GgufFile,
+    t: &plan::TensorPlan,
+    keep_output: bool,
+    unrotated: bool,
+    importance: Option<&[f32]>,
+    threads: usize,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    cancel: &AtomicBool,
+) -> Result<(Vec<u8>, ErrStats), QuantizeError> {
+    let view = file.tensor(t.name()).map_err(|e| QuantizeError::Codec {
+        tensor: t.name().to_string(),
+        msg: e.to_string(),
+    })?;
+    let row_bytes = t
+        .in_ty
+        .row_bytes(t.encoder.k as u64)
+        .ok_or_else(|| QuantizeError::NoRule {
+            tensor: t.name().to_string(),
+            k: t.encoder.k as u64,
+            why: format!("not a whole number of {} blocks", t.in_ty.name()),
+        })? as usize;
+    let input = InputRows {
+        bytes: view.bytes,
+        ty: t.in_ty,
+        row_bytes,
+        rows: t.rows as usize,
+    };
+    let advance = |n: u64| progress(Progress::Advance(n));
+    let job = EncodeJob {
+        keep_output,
+        unrotated: unrotated && t.encoder.target.is_pn(),
+        importance,
+        threads,
+        cancel,
+        advance: &advance,
+    };
+    encode_tensor(&input, &t.encoder, &job)
+}
+
+/// What the ranking pass leaves behind: the promoted names, and the encoded bytes of every
+/// pn3t tensor that stays pn3t, spilled to a hidden temporary file beside the output (so the
+/// main pass does not quantize them twice, and memory stays bounded).
+struct Ranked {
+    promoted: Vec<String>,
+    spill: Option<spill::Spill>,
+    /// Tensor index -> (offset, length, error sums) in the spill file.
+    entries: std::collections::HashMap<usize, (u64, u64, ErrStats)>,
+}
+
+impl Ranked {
+    /// The spilled bytes and stats of tensor `i`, if the ranking pass kept them.
+    fn take(&mut self, i: usize) -> Result<Option<(Vec<u8>, ErrStats)>, QuantizeError> {
+        let (Some(spill), Some(&(off, len, stats))) = (self.spill.as_mut(), self.entries.get(&i))
+        else {
+            return Ok(None);
+        };
+        Ok(Some((spill.read(off, len)?, stats)))
+    }
+}
+
+/// Ranks the pn3t tensors by relative squared error after rotation (importance-weighted when
+/// an importance vector exists for the tensor) and turns the worst `n` into pn4t. Ties go to
+/// the name, so the result does not depend on timing.
+#[allow(clippy::too_many_arguments)]
+fn promote(
+    file: &GgufFile,
+    output: &std::path::Path,
+    plan: &mut plan::ModelPlan,
+    n: usize,
+    importance: Option<&imatrix::Importance>,
+    threads: usize,
+    report: bool,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    cancel: &AtomicBool,
+) -> Result<Ranked, QuantizeError> {
+    let mut ranked = Ranked {
+        promoted: Vec::new(),
+        spill: None,
+        entries: Default::default(),
+    };
+    let candidates: Vec<usize> = (0..plan.tensors.len())
+        .filter(|&i| plan.tensors[i].encoder.target == Target::Pn3t)
+        // A promoted tensor must also hold whole pn4t blocks.
+        .filter(|&i| plan.tensors[i].encoder.k.is_multiple_of(64))
+        .collect();
+    if n == 0 || candidates.is_empty() {
+        return Ok(ranked);
+    }
+    let mut spill = spill::Spill::create(output)?;
+    progress(Progress::Phase {
+        label: "ranking",
+        total_bytes: candidates.iter().map(|&i| plan.tensors[i].in_bytes).sum(),
+    });
+    let mut scored = Vec::with_capacity(candidates.len());
+    for &i in &candidates {
+        let t = &plan.tensors[i];
+        progress(Progress::Tensor { name: t.name() });
+        let imp = importance
+            .and_then(|m| m.get(t.name()))
+            .filter(|v| v.len() == t.encoder.k)
+            .map(|v| v.as_slice());
+        let (bytes, stats) = encode_one(file, t, true, report, imp, threads, progress, cancel)?;
+        let off = spill.append(&bytes)?;
+        // The stats kept for the summary are the plain (unweighted) ones.
+        let mut plain = stats;
+        plain.w2_weighted = 0.0;
+        plain.e2_weighted = 0.0;
+        ranked.entries.insert(i, (off, bytes.len() as u64, plain));
+        scored.push((stats.rel_weighted(), i));
+    }
+    scored.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| plan.tensors[a.1].name().cmp(plan.tensors[b.1].name()))
+    });
+    for &(_, i) in scored.iter().take(n) {
+        let t = &mut plan.tensors[i];
+        t.encoder.target = Target::Pn4t;
+        t.promoted = true;
+        ranked.promoted.push(t.name().to_string());
+        ranked.entries.remove(&i);
+    }
+    ranked.spill = Some(spill);
+    Ok(ranked)
+}
+
+/// True for the types `pn quantize` reads.
+pub fn is_supported_input(ty: GgmlType) -> bool {
+    codec::input_supported(ty)
+}

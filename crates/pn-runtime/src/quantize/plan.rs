@@ -1,0 +1,161 @@
+//! The per-tensor plan: role, target type, rotation, and whether the stock type is simulated.
+
+use super::codec::{input_supported, RowEncoder};
+use super::error::QuantizeError;
+use super::mix::{classify, Mix, Role, Target};
+use super::rotation::{self, RotationChoice};
+use gguf_io::{GgmlType, GgufFile};
+use std::path::Path;
+
+/// One input tensor and what will be written for it.
+#[derive(Clone, Debug)]
+pub struct TensorPlan {
+    /// The role the mix assigned from name and shape.
+    pub role: Role,
+    /// GGUF dims (fastest first), unchanged in the output.
+    pub dims: Vec<u64>,
+    /// The input type.
+    pub in_ty: GgmlType,
+    /// Number of rows (product of dims after the first).
+    pub rows: u64,
+    /// Bytes of the input tensor.
+    pub in_bytes: u64,
+    /// How rows are encoded (target type, rotation, simulation).
+    pub encoder: RowEncoder,
+    /// True if promoted from pn3t to pn4t.
+    pub promoted: bool,
+}
+
+impl TensorPlan {
+    /// Tensor name.
+    pub fn name(&self) -> &str {
+        &self.encoder.tensor
+    }
+
+    /// Bytes of the output tensor.
+    pub fn out_bytes(&self) -> u64 {
+        self.encoder.out_row_bytes() as u64 * self.rows
+    }
+
+    /// Bytes the intended type would take: the file's bytes, except for simulated stock tensors,
+    /// which count the type's bits per weight over the real K (their zero padding is an artifact
+    /// of small test models, not part of the type's cost).
+    pub fn nominal_bytes(&self) -> u64 {
+        if !self.encoder.simulated {
+            return self.out_bytes();
+        }
+        let ty = self.encoder.target.ggml();
+        (self.params() * ty.type_size() as u64).div_ceil(ty.block_size() as u64)
+    }
+
+    /// Weights in the tensor.
+    pub fn params(&self) -> u64 {
+        self.encoder.k as u64 * self.rows
+    }
+}
+
+/// The plan of a whole model.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    /// Tensors in input order.
+    pub tensors: Vec<TensorPlan>,
+    /// The Hadamard block size applied to PN tensors (`None`: no rotation).
+    pub rotation: Option<usize>,
+}
+
+/// Reads `general.architecture` and the hidden size, failing for anything but `qwen35`.
+pub fn check_arch(file: &GgufFile, path: &Path) -> Result<u64, QuantizeError> {
+    let arch = file
+        .get_str("general.architecture")
+        .map_err(|e| QuantizeError::NotQwen35 {
+            path: path.to_path_buf(),
+            found: format!("<{e}>"),
+        })?;
+    if arch != "qwen35" {
+        return Err(QuantizeError::NotQwen35 {
+            path: path.to_path_buf(),
+            found: arch.to_string(),
+        });
+    }
+    file.get_u64("qwen35.embedding_length")
+        .map_err(|e| QuantizeError::Gguf {
+            path: path.to_path_buf(),
+            source: e,
+        })
+}
+
+/// Builds the plan (before promotion) of every tensor.
+pub fn make_plan(
+    file: &GgufFile,
+    path: &Path,
+    mix: &Mix,
+    rotation: RotationChoice,
+) -> Result<ModelPlan, QuantizeError> {
+    let hidden = check_arch(file, path)?;
+    let mut tensors = Vec::new();
+    for info in file.tensor_infos() {
+        let name = info.name.clone();
+        if !input_supported(info.ty) {
+            return Err(QuantizeError::UnsupportedInputType {
+                tensor: name,
+                ty: info.ty.name(),
+            });
+        }
+        let role = classify(&name, &info.dims, hidden)?;
+        let target = mix.target(role);
+        let k = info.dims.first().copied().unwrap_or(1);
+        let rows: u64 = info.dims.iter().skip(1).product();
+        let bs = target.ggml().block_size() as u64;
+        let fits = k.is_multiple_of(bs);
+        let simulated = match target {
+            Target::Pn3t | Target::Pn4t if !fits => {
+                return Err(QuantizeError::NoRule {
+                    tensor: name,
+                    k,
+                    why: format!(
+                        "{} needs K to be a multiple of {bs}{}",
+                        target.ggml().name(),
+                        if target == Target::Pn3t {
+                            " (use --mix pn4t for models whose hidden size is not)"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
+            }
+            Target::Stock(_) => !fits,
+            _ => false,
+        };
+        let in_bytes = info.n_bytes;
+        tensors.push(TensorPlan {
+            role,
+            dims: info.dims.clone(),
+            in_ty: info.ty,
+            rows,
+            in_bytes,
+            encoder: RowEncoder {
+                tensor: name,
+                target,
+                k: k as usize,
+                rotation: None,
+                simulated,
+            },
+            promoted: false,
+        });
+    }
+    let rotated: Vec<(&str, u64)> = tensors
+        .iter()
+        .filter(|t| t.encoder.target.is_pn())
+        .map(|t| (t.name(), t.encoder.k as u64))
+        .collect();
+    let r = rotation::resolve(rotation, &rotated)?;
+    for t in &mut tensors {
+        if t.encoder.target.is_pn() {
+            t.encoder.rotation = r;
+        }
+    }
+    Ok(ModelPlan {
+        tensors,
+        rotation: r,
+    })
+}

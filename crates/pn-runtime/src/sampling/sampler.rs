@@ -1,0 +1,280 @@
+//! The token sampler.
+
+use super::rng::SplitMix64;
+use std::collections::HashMap;
+
+/// How the next token is chosen. Neutral values switch a stage off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability sum reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this; 1 is off.
+    pub repeat_penalty: f32,
+    /// Subtract this from the logit of every token seen recently; 0 is off.
+    pub presence_penalty: f32,
+    /// Subtract this times the token's recent count; 0 is off.
+    pub frequency_penalty: f32,
+    /// How many of the last history tokens the penalties look at; 0 disables the penalties.
+    pub penalty_last_n: usize,
+    /// Seed of the random generator: the same seed and inputs give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    /// llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties
+    /// (window 64), seed 0.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: always the most likely (allowed) token.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.penalty_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+}
+
+/// Which token ids may be sampled: ids below `n_allowed`, minus an explicit list (the unused
+/// padding entries of the vocabulary). Logits beyond the tokenizer's vocabulary (embedding rows
+/// that exist only for alignment) are never sampled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenMask {
+    n_allowed: Option<usize>,
+    banned: Vec<u32>,
+}
+
+impl TokenMask {
+    /// A mask that allows every id.
+    pub fn allow_all() -> Self {
+        TokenMask::default()
+    }
+
+    /// Allows ids `< n_allowed` except those in `banned`.
+    pub fn new(n_allowed: usize, banned: impl IntoIterator<Item = u32>) -> Self {
+        let mut banned: Vec<u32> = banned.into_iter().collect();
+        banned.sort_unstable();
+        banned.dedup();
+        TokenMask {
+            n_allowed: Some(n_allowed),
+            banned,
+        }
+    }
+
+    /// The mask of a tokenizer: its vocabulary, minus unused (padding) entries.
+    pub fn from_tokenizer(tok: &crate::tokenizer::Tokenizer) -> Self {
+        let n = tok.n_vocab();
+        TokenMask::new(n, (0..n as u32).filter(|&id| !tok.is_sampleable(id)))
+    }
+
+    /// Whether `id` may be sampled.
+    pub fn allows(&self, id: u32) -> bool {
+        self.n_allowed.is_none_or(|n| (id as usize) < n) && self.banned.binary_search(&id).is_err()
+    }
+
+    /// Sets every disallowed logit to minus infinity.
+    pub fn apply(&self, logits: &mut [f32]) {
+        if let Some(n) = self.n_allowed {
+            if n < logits.len() {
+                logits[n..].fill(f32::NEG_INFINITY);
+            }
+        }
+        for &id in &self.banned {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Chooses tokens from logits; owns its random generator, so one sampler per sequence.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    mask: TokenMask,
+    rng: SplitMix64,
+    /// Reused candidate buffer: (id, logit).
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler with `params`, never choosing what `mask` forbids.
+    pub fn new(params: SamplingParams, mask: TokenMask) -> Self {
+        let rng = SplitMix64::new(params.seed);
+        Sampler {
+            params,
+            mask,
+            rng,
+            cand: Vec::new(),
+        }
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Restarts the random stream from `seed`.
+    pub fn reseed(&mut self, seed: u64) {
+        self.params.seed = seed;
+        self.rng = SplitMix64::new(seed);
+    }
+
+    /// Picks the next token. `logits` (one per vocabulary id) are modified in place: masked
+    /// entries become minus infinity and penalties are applied. `history` is the sequence so far
+    /// (prompt and generated tokens) that the penalties look at.
+    ///
+    /// NaN logits count as minus infinity. If no allowed id has a finite logit, the lowest
+    /// allowed id is returned (0 if the mask allows none of `logits`).
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.mask.apply(logits);
+        for l in logits.iter_mut() {
+            if l.is_nan() {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if self.params.has_penalties() {
+            apply_penalties(&self.params, logits, history);
+        }
+        if self.params.temperature <= 0.0 {
+            return argmax(logits).unwrap_or_else(|| self.fallback(logits.len()));
+        }
+
+        let p = &self.params;
+        self.cand.clear();
+        self.cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l)),
+        );
+        if self.cand.is_empty() {
+            return self.fallback(logits.len());
+        }
+        if p.top_k > 0 && p.top_k < self.cand.len() {
+            self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            self.cand.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            self.cand.sort_unstable_by(by_logit_desc);
+            let probs = softmax(&self.cand, 1.0);
+            let mut cum = 0.0;
+            let mut keep = probs.len();
+            for (i, q) in probs.iter().enumerate() {
+                cum += q;
+                if cum >= f64::from(p.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            // p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
+            let max = self
+                .cand
+                .iter()
+                .map(|c| c.1)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let floor = f64::from(max) + f64::from(p.min_p).ln();
+            self.cand.retain(|c| f64::from(c.1) >= floor);
+        }
+        let probs = softmax(&self.cand, p.temperature);
+        let u = self.rng.next_f64();
+        let mut cum = 0.0;
+        for (c, q) in self.cand.iter().zip(&probs) {
+            cum += q;
+            if u < cum {
+                return c.0;
+            }
+        }
+        // Rounding left the sum just below 1: the last candidate takes the rest.
+        self.cand.last().map(|c| c.0).unwrap_or(0)
+    }
+
+    fn fallback(&self, n: usize) -> u32 {
+        (0..n as u32).find(|&id| self.mask.allows(id)).unwrap_or(0)
+    }
+}
+
+/// Sort order: higher logit first, then lower id (makes the order total and deterministic).
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The first index of the largest finite logit.
+fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+/// Probabilities of `cand` at `temperature`, in f64 for a stable sum.
+fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f64> {
+    let t = f64::from(temperature);
+    let max = cand
+        .iter()
+        .map(|c| f64::from(c.1))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut probs: Vec<f64> = cand
+        .iter()
+        .map(|c| ((f64::from(c.1) - max) / t).exp())
+        .collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|q| *q /= sum);
+    probs
+}
+
+/// llama.cpp's penalties over the last `penalty_last_n` history tokens.
+fn apply_penalties(p: &SamplingParams, logits: &mut [f32], history: &[u32]) {
+    let window = &history[history.len().saturating_sub(p.penalty_last_n)..];
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    for &t in window {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &count) in &counts {
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if !l.is_finite() {
+            continue;
+        }
+        if *l <= 0.0 {
+            *l *= p.repeat_penalty;
+        } else {
+            *l /= p.repeat_penalty;
+        }
+        *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
+    }
+}

@@ -1,0 +1,473 @@
+//! The CUDA backend against the CPU backend (every op, random and adversarial shapes), the tiny
+//! oracle model end to end, and a PN3 model's GPU logits against its CPU logits.
+//!
+//! Needs a GPU: `cargo test -p pn-runtime --test cuda_backend -- --ignored`. Without kernels,
+//! driver or device each test prints why and returns.
+
+use gguf_io::GgmlType;
+use pn_runtime::cuda::CudaBackend;
+use qwen_model::{
+    AttnLayout, Backend, CpuBackend, GdnDims, KvType, Model, Outputs, RopeLayout, WeightSource,
+};
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipped: no CUDA backend here: {e}");
+            None
+        }
+    }
+}
+
+fn tiny(f: &str) -> PathBuf {
+    // PN_REPO_ROOT: a test binary built on one machine and run from a copy of the checkout on
+    // another (scripts/gpu-check.sh).
+    match std::env::var_os("PN_REPO_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+    .join("tests/data/tiny-qwen35")
+    .join(f)
+}
+
+fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.random_range(-scale..scale)).collect()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
+}
+
+fn buf<B: Backend>(be: &B, v: &[f32]) -> B::Buf {
+    let mut b = be.alloc(v.len()).unwrap();
+    be.upload(v, &mut b, 0);
+    b
+}
+
+fn get<B: Backend>(be: &B, b: &B::Buf, n: usize) -> Vec<f32> {
+    let mut v = vec![0.0; n];
+    be.download(b, 0, &mut v);
+    v
+}
+
+/// `f(backend, args..)` on the CPU (want) and the GPU (got).
+macro_rules! on_both {
+    ($g:expr, $f:ident ( $($arg:expr),* )) => {{
+        let cpu = CpuBackend::new(2);
+        let want = $f(&cpu, $($arg),*);
+        let got = $f($g, $($arg),*);
+        if let Some(e) = $g.take_error() {
+            panic!("CUDA op failed: {e}");
+        }
+        (got, want)
+    }};
+}
+
+fn check(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    let d = max_abs(got, want);
+    eprintln!("{name}: max abs diff {d:.3e}");
+    assert!(d <= tol, "{name}: max abs diff {d} > {tol}");
+}
+
+fn elementwise<B: Backend>(be: &B, n: usize) -> Vec<f32> {
+    let (x, y) = (rnd(1, n, 4.0), rnd(2, n, 4.0));
+    let (mut a, b) = (buf(be, &x), buf(be, &y));
+    be.add(&mut a, &b, n);
+    let mut g = buf(be, &x);
+    be.swiglu(&mut g, &b, n);
+    let mut out = get(be, &a, n);
+    out.extend(get(be, &g, n));
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn elementwise_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for n in [1, 3, 256, 1000, 70001] {
+        let (got, want) = on_both!(&g, elementwise(n));
+        check(&format!("add+swiglu n={n}"), &got, &want, 1e-5);
+    }
+}
+
+fn norms<B: Backend>(be: &B, rows: usize, n: usize) -> Vec<f32> {
+    let (x, w, z) = (rnd(3, rows * n, 3.0), rnd(4, n, 1.5), rnd(5, rows * n, 3.0));
+    let (xb, wb, zb) = (buf(be, &x), buf(be, &w), buf(be, &z));
+    let mut o = be.alloc(rows * n).unwrap();
+    be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6);
+    let mut out = get(be, &o, rows * n);
+    let mut s = buf(be, &x);
+    be.rms_norm_strided(&mut s, &wb, n / 2, n, rows, 1e-6);
+    out.extend(get(be, &s, rows * n));
+    let mut gx = buf(be, &x);
+    be.gated_rms_norm(&mut gx, &zb, &wb, rows * n, n, 1e-6);
+    out.extend(get(be, &gx, rows * n));
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for (rows, n) in [(1, 2), (1, 320), (7, 256), (3, 5120), (2, 12288)] {
+        let (got, want) = on_both!(&g, norms(rows, n));
+        check(&format!("norms {rows}x{n}"), &got, &want, 1e-4);
+    }
+}
+
+fn rope_hadamard<B: Backend>(be: &B, tokens: usize, pos0: usize, block: usize) -> Vec<f32> {
+    let l = RopeLayout {
+        n_heads: 6,
+        head_stride: 512,
+        token_stride: 3072,
+        n_rot: 64,
+    };
+    let x = rnd(6, tokens * 3072, 2.0);
+    let mut b = buf(be, &x);
+    be.rope(&mut b, &l, tokens, pos0, 1e7);
+    let mut out = get(be, &b, tokens * 3072);
+    let mut h = buf(be, &x);
+    be.hadamard(&mut h, tokens * 3072, block);
+    out.extend(get(be, &h, tokens * 3072));
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rope_and_hadamard_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for (t, p0, blk) in [(1, 0, 64), (5, 1000, 128), (3, 262000, 1024), (17, 7, 2)] {
+        let (got, want) = on_both!(&g, rope_hadamard(t, p0, blk));
+        check(
+            &format!("rope/hadamard t={t} p0={p0} blk={blk}"),
+            &got,
+            &want,
+            2e-4,
+        );
+    }
+}
+
+fn attention<B: Backend>(be: &B, kv: KvType, n_tokens: usize, pos0: usize) -> Vec<f32> {
+    let (hq, hkv, dh) = (6, 2, 256);
+    let l = AttnLayout {
+        n_q_heads: hq,
+        n_kv_heads: hkv,
+        head_dim: dh,
+        q_token_stride: 2 * hq * dh,
+        q_head_stride: 2 * dh,
+        scale: 1.0 / 16.0,
+    };
+    let cap = pos0 + n_tokens + 3;
+    let mut kc = be.alloc_kv(cap * hkv * dh, kv).unwrap();
+    let mut vc = be.alloc_kv(cap * hkv * dh, kv).unwrap();
+    let total = pos0 + n_tokens;
+    let k = buf(be, &rnd(7, total * hkv * dh, 2.0));
+    let v = buf(be, &rnd(8, total * hkv * dh, 2.0));
+    be.kv_write(&k, &mut kc, 0, total * hkv * dh);
+    be.kv_write(&v, &mut vc, 0, total * hkv * dh);
+    let q = buf(be, &rnd(9, n_tokens * 2 * hq * dh, 2.0));
+    let mut o = be.alloc(n_tokens * hq * dh).unwrap();
+    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0);
+    let gate = buf(be, &rnd(10, n_tokens * 2 * hq * dh, 3.0));
+    be.sigmoid_gate(&mut o, &gate, n_tokens, hq, dh, dh, 2 * hq * dh, 2 * dh);
+    get(be, &o, n_tokens * hq * dh)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    for kv in [KvType::F32, KvType::F16] {
+        for (t, p0) in [
+            (1, 0),
+            (1, 1),
+            (1, 300),
+            (1, 5000),
+            (16, 0),
+            (9, 700),
+            (64, 2000),
+        ] {
+            let (got, want) = on_both!(&g, attention(kv, t, p0));
+            check(
+                &format!("attention {kv:?} t={t} p0={p0}"),
+                &got,
+                &want,
+                2e-4,
+            );
+        }
+    }
+}
+
+fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
+    let d = GdnDims {
+        n_k_heads: 2,
+        n_v_heads: 6,
+        dk: 128,
+        dv: 128,
+        conv_kernel: 4,
+    };
+    let cd = d.conv_dim();
+    let u = buf(be, &rnd(11, n_tokens * cd, 1.0));
+    let w = buf(be, &rnd(12, 4 * cd, 0.5));
+    let mut cs = buf(be, &rnd(13, 3 * cd, 1.0));
+    let mut y = be.alloc(n_tokens * cd).unwrap();
+    be.conv1d_silu(&u, &w, &mut cs, &mut y, n_tokens, cd, 4);
+    let mut b = buf(be, &rnd(14, n_tokens * 6, 3.0));
+    let mut al = buf(be, &rnd(15, n_tokens * 6, 3.0));
+    let a: Vec<f32> = rnd(16, 6, 1.0)
+        .iter()
+        .map(|v| -(v.abs() * 3.0).exp())
+        .collect();
+    let a = buf(be, &a);
+    let dt = buf(be, &rnd(17, 6, 2.0));
+    let mut st = buf(be, &rnd(18, d.state_len(), 0.1));
+    let mut o = be.alloc(n_tokens * d.value_dim()).unwrap();
+    be.gated_delta_rule(
+        &mut y, &mut b, &mut al, &a, &dt, &mut st, &mut o, &d, n_tokens,
+    );
+    let mut out = get(be, &o, n_tokens * d.value_dim());
+    out.extend(get(be, &st, d.state_len()));
+    out.extend(get(be, &cs, 3 * cd));
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn conv_and_delta_rule_match_cpu() {
+    let Some(g) = gpu() else { return };
+    // 16 and 40 tokens take the CPU's chunked form.
+    for t in [1, 2, 5, 16, 40] {
+        let (got, want) = on_both!(&g, gdn(t));
+        check(&format!("conv1d+delta rule t={t}"), &got, &want, 1e-4);
+    }
+}
+
+/// A weight of `ty` with random values (quantized through gguf-io / pn-format on the host).
+fn weight_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let vals = rnd(seed, rows * cols, 1.0);
+    match ty {
+        GgmlType::F32 => bytemuck_f32(&vals),
+        GgmlType::F16 => vals
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        GgmlType::Q8_0 => {
+            let mut out = Vec::new();
+            for blk in vals.chunks(32) {
+                let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                out.extend(half::f16::from_f32(d).to_le_bytes());
+                for v in blk {
+                    let q = if d == 0.0 { 0.0 } else { (v / d).round() };
+                    out.push(q as i8 as u8);
+                }
+            }
+            out
+        }
+        GgmlType::Pn3t | GgmlType::Pn4t => {
+            let pt = if ty == GgmlType::Pn3t {
+                pn_format::PnType::Pn3t
+            } else {
+                pn_format::PnType::Pn4t
+            };
+            pn_format::quantize_rows(pt, &vals, cols, 1).expect("quantize PN rows")
+        }
+        other => panic!("no test encoder for {}", other.name()),
+    }
+}
+
+fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn matmul_case<B: Backend>(be: &B, ty: GgmlType, n: usize, k: usize, rows: usize) -> Vec<f32> {
+    let bytes = weight_bytes(ty, n, k, 21);
+    let src = WeightSource {
+        name: "test.weight",
+        ty,
+        rows: n,
+        cols: k,
+        bytes: &bytes,
+        rotated: false,
+        rotation_block: 0,
+        file: None,
+    };
+    let w = be.load_weight(&src).unwrap();
+    let w2 = be.load_weight(&src).unwrap();
+    let x = buf(be, &rnd(22, rows * k, 1.0));
+    let mut y = be.alloc(rows * n).unwrap();
+    let mut y2 = be.alloc(rows * n).unwrap();
+    be.matmul(&x, rows, &mut [(&w, &mut y), (&w2, &mut y2)])
+        .unwrap();
+    let mut out = get(be, &y, rows * n);
+    out.extend(get(be, &y2, rows * n));
+    if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0) {
+        let ids: Vec<u32> = [0, n - 1, n / 2, 0].into_iter().map(|i| i as u32).collect();
+        let mut e = be.alloc(ids.len() * k).unwrap();
+        be.embed(&w, &ids, &mut e).unwrap();
+        out.extend(get(be, &e, ids.len() * k));
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_and_embed_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (GgmlType::F32, &[(1, 64), (37, 320), (300, 1024)][..]),
+        (GgmlType::F16, &[(1, 64), (37, 320), (300, 1024)][..]),
+        (GgmlType::Q8_0, &[(6, 320), (37, 704), (300, 1024)][..]),
+        (
+            GgmlType::Pn3t,
+            &[(1, 80), (37, 320), (300, 5120), (8, 160)][..],
+        ),
+        (
+            GgmlType::Pn4t,
+            &[(1, 64), (37, 704), (300, 1536), (5, 128)][..],
+        ),
+    ];
+    for (ty, shapes) in cases {
+        for &(n, k) in shapes {
+            for rows in [1, 2, 16, 65] {
+                let (got, want) = on_both!(&g, matmul_case(ty, n, k, rows));
+                // PN decode uses fp16 activations (the CPU int16): bound relative to sqrt(K).
+                let tol = match ty {
+                    GgmlType::Pn3t | GgmlType::Pn4t => 2e-3 * (k as f32).sqrt(),
+                    _ => 1e-4 * (k as f32).sqrt(),
+                };
+                check(
+                    &format!("matmul {} {n}x{k} rows={rows}", ty.name()),
+                    &got,
+                    &want,
+                    tol,
+                );
+            }
+        }
+    }
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn read_tokens(p: &Path) -> Vec<u32> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn all_logits<B: Backend>(m: &Model<B>, tokens: &[u32], pieces: &[usize], kv: KvType) -> Vec<f32> {
+    let v = m.config.vocab;
+    let mut state = m.new_state_with_kv(tokens.len(), kv).unwrap();
+    let mut ws = m.new_workspace(64).unwrap();
+    let mut logits = vec![0.0; tokens.len() * v];
+    let mut t0 = 0;
+    for &p in pieces {
+        m.forward(
+            &mut state,
+            &mut ws,
+            &tokens[t0..t0 + p],
+            Outputs::all_logits(&mut logits[t0 * v..(t0 + p) * v]),
+        )
+        .unwrap();
+        t0 += p;
+    }
+    logits
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiny_model_matches_oracle_logits() {
+    let Some(g) = gpu() else { return };
+    let m = Model::load(tiny("model-f16.gguf"), g).expect("load tiny model on the GPU");
+    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let want = read_f32(&tiny("logits_a.f32"));
+    // Whole prefill, then token-by-token decode, then a mix.
+    let ones = vec![1; tokens.len()];
+    for pieces in [&[tokens.len()][..], &ones[..], &[5, 1, 10][..]] {
+        let got = all_logits(&m, &tokens, pieces, KvType::F32);
+        if let Some(e) = m.backend.take_error() {
+            panic!("CUDA op failed: {e}");
+        }
+        check(
+            &format!("tiny oracle logits, pieces {pieces:?}"),
+            &got,
+            &want,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pn3_model_gpu_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("pn-cuda-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tiny-pn3.gguf");
+    let mut o = pn_runtime::quantize::QuantizeOptions::new(tiny("model-f16.gguf"), &out);
+    o.threads = 2;
+    pn_runtime::quantize::quantize_model(
+        &o,
+        &pn_runtime::quantize::no_progress,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .expect("quantize the tiny model");
+    let cpu = Model::load(&out, CpuBackend::new(2)).unwrap();
+    let gpu = Model::load(&out, g).unwrap();
+    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let ones = vec![1; tokens.len()];
+    for pieces in [&[tokens.len()][..], &ones[..]] {
+        let want = all_logits(&cpu, &tokens, pieces, KvType::F32);
+        let got = all_logits(&gpu, &tokens, pieces, KvType::F32);
+        if let Some(e) = gpu.backend.take_error() {
+            panic!("CUDA op failed: {e}");
+        }
+        let (lo, hi) = want
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        check(
+            &format!("PN3 GPU vs CPU, pieces {pieces:?}"),
+            &got,
+            &want,
+            1e-3 * (hi - lo),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn backend_open_fails_with_a_reason_or_succeeds() {
+    // Runs everywhere: on a machine without kernels/driver/device the error says what to do.
+    match CudaBackend::new(0) {
+        Ok(b) => eprintln!("CUDA backend: {}", b.name()),
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!("no CUDA backend: {msg}");
+            assert!(
+                msg.contains("CPU") || msg.contains("driver") || msg.contains("CUDA"),
+                "unhelpful message: {msg}"
+            );
+        }
+    }
+}
