@@ -24,9 +24,9 @@ pub use engine::{
     TokenEvent, DEMO_MODEL_PATH,
 };
 pub use sampling::SamplingParams;
-pub mod quantize;
 pub mod chat_template;
+pub mod cuda;
+pub mod quantize;
 pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;
-pub mod cuda;

@@ -37,7 +37,11 @@ struct Forced {
 
 impl Drafter for Forced {
     fn draft(&mut self, seq: &[u32], n: usize) -> Vec<u32> {
-        assert_eq!(&self.truth[..seq.len()], seq, "drafter sees the plain sequence");
+        assert_eq!(
+            &self.truth[..seq.len()],
+            seq,
+            "drafter sees the plain sequence"
+        );
         let end = (seq.len() + n).min(self.truth.len());
         self.truth[seq.len()..end]
             .iter()
@@ -98,4 +102,56 @@ fn tiny_model_mtp_greedy_equals_plain() {
 fn demo_model_mtp_greedy_equals_plain() {
     let toks = tokens("demo-code-model", "tokens_val.json");
     check_model(data("demo-code-model", "model-f16.gguf"), &toks[..24], 21);
+}
+
+/// Process CPU time (user + system) in seconds, from /proc (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Measurement (run with `--ignored --nocapture`): wall and CPU time per token on the demo
+/// model, plain vs MTP drafting.
+#[test]
+#[ignore]
+fn measure_demo_model_speed() {
+    let m = Model::load(
+        data("demo-code-model", "model-f16.gguf"),
+        CpuBackend::new(2),
+    )
+    .unwrap();
+    let toks = tokens("demo-code-model", "tokens_val.json");
+    let (prompt, n) = (&toks[..32], 64);
+    let t = (std::time::Instant::now(), cpu_seconds());
+    let want = plain(&m, prompt, n);
+    let (w, c) = (t.0.elapsed().as_secs_f64(), cpu_seconds() - t.1);
+    eprintln!(
+        "plain: {:.1} tok/s wall, {:.2} ms CPU/token",
+        n as f64 / w,
+        1e3 * c / n as f64
+    );
+    for nd in 1..=4 {
+        let mut st = m.new_state(prompt.len() + n + 8).unwrap();
+        let mut ws = m.new_workspace(32).unwrap();
+        let t = (std::time::Instant::now(), cpu_seconds());
+        let (got, s) = greedy_generate(&m, &mut st, &mut ws, prompt, n, nd, None).unwrap();
+        let (w, c) = (t.0.elapsed().as_secs_f64(), cpu_seconds() - t.1);
+        assert_eq!(got, want);
+        eprintln!(
+            "MTP N={nd}: {:.1} tok/s wall, {:.2} ms CPU/token, acceptance {:.2}, {:.2} tok/pass, {s:?}",
+            n as f64 / w,
+            1e3 * c / n as f64,
+            s.acceptance_rate(),
+            s.tokens_per_pass()
+        );
+    }
 }

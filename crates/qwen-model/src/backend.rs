@@ -83,6 +83,101 @@ pub enum KvType {
     F16,
 }
 
+/// Storage type of one KV cache (K or V), including the block-quantized ones.
+///
+/// A superset of [`KvType`] (kept as it is so existing backends still match it exhaustively):
+/// backends that only store f32/f16 get the quantized types refused by the default
+/// [`Backend::alloc_kv_cache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheType {
+    /// f32 (exact).
+    #[default]
+    F32,
+    /// f16.
+    F16,
+    /// Blocks of 32 values: an f16 scale and 32 signed 8-bit integers (34 bytes, 8.5 bits/value).
+    Q8_0,
+    /// Blocks of 32 values: an f16 scale and 32 signed 4-bit integers (18 bytes, 4.5 bits/value).
+    Q4_0,
+}
+
+impl KvCacheType {
+    /// All types, for tests and help texts.
+    pub const ALL: [KvCacheType; 4] = [Self::F32, Self::F16, Self::Q8_0, Self::Q4_0];
+
+    /// Values per storage block (1 for the float types, 32 for the quantized ones); a cache row
+    /// (one head) must be a whole number of blocks.
+    pub fn block_len(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 => 1,
+            Self::Q8_0 | Self::Q4_0 => 32,
+        }
+    }
+
+    /// Bytes per storage block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+            Self::Q8_0 => 34,
+            Self::Q4_0 => 18,
+        }
+    }
+
+    /// Bytes that `n` values take (`n` a multiple of [`Self::block_len`]).
+    pub fn bytes_for(self, n: usize) -> usize {
+        n / self.block_len() * self.block_bytes()
+    }
+
+    /// The name used on command lines (`f32`, `f16`, `q8_0`, `q4_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The plain float type, if this is one.
+    pub fn as_float(self) -> Option<KvType> {
+        match self {
+            Self::F32 => Some(KvType::F32),
+            Self::F16 => Some(KvType::F16),
+            Self::Q8_0 | Self::Q4_0 => None,
+        }
+    }
+}
+
+impl From<KvType> for KvCacheType {
+    fn from(t: KvType) -> Self {
+        match t {
+            KvType::F32 => Self::F32,
+            KvType::F16 => Self::F16,
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvCacheType {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, ModelError> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                ModelError::BadArgument(format!(
+                    "unknown KV cache type `{s}` (expected f32, f16, q8_0 or q4_0)"
+                ))
+            })
+    }
+}
+
 /// A weight matrix as stored in the file, handed to [`Backend::load_weight`].
 #[derive(Debug, Clone, Copy)]
 pub struct WeightSource<'a> {
@@ -138,8 +233,21 @@ pub trait Backend: Send + Sync {
 
     /// A zero-filled KV cache buffer of `len` elements.
     fn alloc_kv(&self, len: usize, ty: KvType) -> Result<Self::KvBuf, ModelError>;
-    /// Writes `len` floats of `src` into the cache at element `dst_off` (converting).
+    /// Writes `len` floats of `src` into the cache at element `dst_off` (converting). For a
+    /// block-quantized cache `dst_off` and `len` are multiples of the block length.
     fn kv_write(&self, src: &Self::Buf, dst: &mut Self::KvBuf, dst_off: usize, len: usize);
+    /// A zero-filled KV cache buffer of `len` elements of any [`KvCacheType`]. The default
+    /// serves the float types through [`Backend::alloc_kv`] and refuses the quantized ones;
+    /// backends whose attention reads quantized blocks override it.
+    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<Self::KvBuf, ModelError> {
+        match ty.as_float() {
+            Some(f) => self.alloc_kv(len, f),
+            None => Err(ModelError::Backend(format!(
+                "backend {} has no {ty} KV cache",
+                self.name()
+            ))),
+        }
+    }
 
     /// Makes a weight matrix resident (zero copy where possible).
     fn load_weight(&self, src: &WeightSource<'_>) -> Result<Self::Weight, ModelError>;

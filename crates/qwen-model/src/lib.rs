@@ -20,10 +20,10 @@ mod model;
 pub mod state;
 pub mod weights;
 
-pub use backend::{AttnLayout, Backend, GdnDims, KvType, RopeLayout, WeightSource};
+pub use backend::{AttnLayout, Backend, GdnDims, KvCacheType, KvType, RopeLayout, WeightSource};
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use model::{Model, Outputs, Workspace};
-pub use state::{Snapshot, State};
+pub use state::{kv_bytes_per_token, Snapshot, State};
 pub use weights::Weights;

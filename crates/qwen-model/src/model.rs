@@ -1,7 +1,7 @@
 //! The forward graph (trunk and MTP block), written once against [`Backend`]
 //! (reference: `qwen38-architecture.md` sections 4 and 6).
 
-use crate::backend::{Backend, KvType, RopeLayout};
+use crate::backend::{Backend, KvCacheType, KvType, RopeLayout};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::state::{LayerState, State};
@@ -151,6 +151,18 @@ impl<B: Backend> Model<B> {
     /// A new empty sequence state with a KV cache of type `kv`.
     pub fn new_state_with_kv(&self, capacity: usize, kv: KvType) -> Result<State<B>, ModelError> {
         State::with_kv_type(&self.config, &self.backend, capacity, kv)
+    }
+
+    /// A new empty sequence state with K and V caches of the given types (each f32, f16,
+    /// q8_0 or q4_0; the quantized ones need a backend that supports them and a head dim that
+    /// is a multiple of 32).
+    pub fn new_state_with_kv_types(
+        &self,
+        capacity: usize,
+        k: KvCacheType,
+        v: KvCacheType,
+    ) -> Result<State<B>, ModelError> {
+        State::with_kv_types(&self.config, &self.backend, capacity, k, v)
     }
 
     /// A workspace for up to `max_rows` tokens per internal step (prefill chunk).

@@ -1,7 +1,7 @@
 //! Per-sequence state: the KV cache of the attention layers, the conv and recurrent state of the
 //! Gated DeltaNet layers, and the MTP block's own KV cache.
 
-use crate::backend::{Backend, KvType};
+use crate::backend::{Backend, KvCacheType, KvType};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::ModelError;
 
@@ -33,6 +33,20 @@ pub struct State<B: Backend> {
     pub(crate) capacity: usize,
 }
 
+/// KV cache bytes one position costs: K and V rows of every full-attention layer plus the MTP
+/// block's own cache (when the model has one). Multiply by the context length for the cache
+/// size; the recurrent GDN state does not grow with the context.
+pub fn kv_bytes_per_token(cfg: &ModelConfig, k_type: KvCacheType, v_type: KvCacheType) -> u64 {
+    let layers = cfg
+        .layer_kinds
+        .iter()
+        .filter(|k| **k == LayerKind::FullAttention)
+        .count()
+        + usize::from(cfg.n_mtp > 0);
+    let kv = cfg.kv_dim();
+    (layers * (k_type.bytes_for(kv) + v_type.bytes_for(kv))) as u64
+}
+
 /// A copy of the recurrent part of a [`State`] plus the positions, to roll back to (speculative
 /// decoding, prompt caching). KV entries past the snapshot's position are simply overwritten.
 pub struct Snapshot<B: Backend> {
@@ -61,6 +75,28 @@ impl<B: Backend> State<B> {
         capacity: usize,
         kv_type: KvType,
     ) -> Result<State<B>, ModelError> {
+        Self::with_kv_types(cfg, backend, capacity, kv_type.into(), kv_type.into())
+    }
+
+    /// An empty state able to hold `capacity` positions, with keys stored as `k_type` and values
+    /// as `v_type`. A quantized type needs a head dim that is a whole number of its blocks (one
+    /// block never spans two heads, so attention dequantizes per head row).
+    pub fn with_kv_types(
+        cfg: &ModelConfig,
+        backend: &B,
+        capacity: usize,
+        k_type: KvCacheType,
+        v_type: KvCacheType,
+    ) -> Result<State<B>, ModelError> {
+        for t in [k_type, v_type] {
+            if !cfg.head_dim.is_multiple_of(t.block_len()) {
+                return Err(ModelError::BadArgument(format!(
+                    "{t} KV cache needs a head dim that is a multiple of {}, the model has {}",
+                    t.block_len(),
+                    cfg.head_dim
+                )));
+            }
+        }
         let kv = cfg.kv_dim();
         let layers = cfg
             .layer_kinds
@@ -68,8 +104,8 @@ impl<B: Backend> State<B> {
             .map(|k| {
                 Ok(match k {
                     LayerKind::FullAttention => LayerState::Attention {
-                        k: backend.alloc_kv(capacity * kv, kv_type)?,
-                        v: backend.alloc_kv(capacity * kv, kv_type)?,
+                        k: backend.alloc_kv_cache(capacity * kv, k_type)?,
+                        v: backend.alloc_kv_cache(capacity * kv, v_type)?,
                     },
                     LayerKind::GatedDeltaNet => LayerState::DeltaNet {
                         conv: backend.alloc(cfg.gdn.conv_state_len())?,
@@ -80,8 +116,8 @@ impl<B: Backend> State<B> {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let mtp = if cfg.n_mtp > 0 {
             Some(LayerState::Attention {
-                k: backend.alloc_kv(capacity * kv, kv_type)?,
-                v: backend.alloc_kv(capacity * kv, kv_type)?,
+                k: backend.alloc_kv_cache(capacity * kv, k_type)?,
+                v: backend.alloc_kv_cache(capacity * kv, v_type)?,
             })
         } else {
             None

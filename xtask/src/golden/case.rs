@@ -104,6 +104,9 @@ pub enum Run {
     Skipped(String),
 }
 
+/// The body of a case.
+pub type CaseFn = Box<dyn Fn(&Ctx) -> Result<Run, CaseError>>;
+
 /// One golden case.
 pub struct Case {
     /// Name shown in the table, `group/name`.
@@ -113,7 +116,7 @@ pub struct Case {
     /// Comparison of bounded fields.
     pub tolerance: Tolerance,
     /// Produces the fields.
-    pub run: Box<dyn Fn(&Ctx) -> Result<Run, CaseError>>,
+    pub run: CaseFn,
 }
 
 /// sha256 of bytes, hex.

@@ -296,10 +296,10 @@ pub fn rope_neox(
 /// `out` must point to a buffer of at least `n_tokens * n_q_heads * head_dim` floats, and no other
 /// thread may write the rows this call writes.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attention_rows<E: KvElem>(
+pub unsafe fn attention_rows<K: KvElem, V: KvElem>(
     q: &[f32],
-    k_cache: &[E],
-    v_cache: &[E],
+    k_cache: &[K],
+    v_cache: &[V],
     out: *mut f32,
     l: &AttnLayout,
     pos0: usize,
@@ -318,21 +318,23 @@ pub unsafe fn attention_rows<E: KvElem>(
         let mut m = f32::NEG_INFINITY;
         let mut sum = 0.0f32;
         for j in 0..=pos0 + t {
-            let kv = &k_cache[j * kv_stride + g * dh..][..dh];
-            let s = E::dot_q(qv, kv) * l.scale;
-            let vv = &v_cache[j * kv_stride + g * dh..][..dh];
+            // Quantized caches hold blocks of `K::PER` values; a head row is whole blocks.
+            let at = j * kv_stride + g * dh;
+            let kv = &k_cache[at / K::PER..][..dh / K::PER];
+            let s = K::dot_q(qv, kv) * l.scale;
+            let vv = &v_cache[at / V::PER..][..dh / V::PER];
             if s > m {
                 let r = (m - s).exp();
                 sum = sum * r + 1.0;
                 for x in o.iter_mut() {
                     *x *= r;
                 }
-                E::axpy_v(o, 1.0, vv);
+                V::axpy_v(o, 1.0, vv);
                 m = s;
             } else {
                 let p = (s - m).exp();
                 sum += p;
-                E::axpy_v(o, p, vv);
+                V::axpy_v(o, p, vv);
             }
         }
         let inv = 1.0 / sum;
@@ -342,8 +344,10 @@ pub unsafe fn attention_rows<E: KvElem>(
     }
 }
 
-/// An element type a KV cache may hold.
+/// An element type a KV cache may hold (a value, or a block of values).
 pub trait KvElem: Copy + Send + Sync {
+    /// Values per element (1 for floats, the block length for quantized blocks).
+    const PER: usize = 1;
     /// `q . k` in f32.
     fn dot_q(q: &[f32], k: &[Self]) -> f32;
     /// `o += p * v` in f32.

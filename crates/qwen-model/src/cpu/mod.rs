@@ -2,14 +2,16 @@
 //! data-parallel ops on a small persistent thread pool.
 
 pub mod kernels;
+pub mod kvquant;
 mod pool;
 mod weight;
 
 pub use pool::split_range;
 pub use weight::CpuWeight;
 
-use crate::backend::{AttnLayout, Backend, GdnDims, KvType, RopeLayout, WeightSource};
+use crate::backend::{AttnLayout, Backend, GdnDims, KvCacheType, KvType, RopeLayout, WeightSource};
 use crate::error::ModelError;
+use kvquant::{BlockQ4_0, BlockQ8_0};
 use pn_format::dot::PreparedI16;
 use pn_format::PnType;
 use pool::Pool;
@@ -126,6 +128,52 @@ pub enum CpuKv {
     F32(Vec<f32>),
     /// f16 elements.
     F16(Vec<half::f16>),
+    /// q8_0 blocks of 32 values.
+    Q8_0(Vec<BlockQ8_0>),
+    /// q4_0 blocks of 32 values.
+    Q4_0(Vec<BlockQ4_0>),
+}
+
+impl CpuKv {
+    /// Storage type.
+    pub fn kv_type(&self) -> KvCacheType {
+        match self {
+            CpuKv::F32(_) => KvCacheType::F32,
+            CpuKv::F16(_) => KvCacheType::F16,
+            CpuKv::Q8_0(_) => KvCacheType::Q8_0,
+            CpuKv::Q4_0(_) => KvCacheType::Q4_0,
+        }
+    }
+
+    /// Bytes the cache occupies.
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuKv::F32(v) => std::mem::size_of_val(v.as_slice()),
+            CpuKv::F16(v) => std::mem::size_of_val(v.as_slice()),
+            CpuKv::Q8_0(v) => std::mem::size_of_val(v.as_slice()),
+            CpuKv::Q4_0(v) => std::mem::size_of_val(v.as_slice()),
+        }
+    }
+}
+
+/// Runs `$body` with `$k`/`$v` bound to the typed slices of two caches (every type pair).
+macro_rules! with_kv_slices {
+    ($kc:expr, $vc:expr, |$k:ident, $v:ident| $body:expr) => {
+        match $kc {
+            CpuKv::F32($k) => with_kv_slices!(@v $vc, $k, $v, $body),
+            CpuKv::F16($k) => with_kv_slices!(@v $vc, $k, $v, $body),
+            CpuKv::Q8_0($k) => with_kv_slices!(@v $vc, $k, $v, $body),
+            CpuKv::Q4_0($k) => with_kv_slices!(@v $vc, $k, $v, $body),
+        }
+    };
+    (@v $vc:expr, $k:ident, $v:ident, $body:expr) => {
+        match $vc {
+            CpuKv::F32($v) => $body,
+            CpuKv::F16($v) => $body,
+            CpuKv::Q8_0($v) => $body,
+            CpuKv::Q4_0($v) => $body,
+        }
+    };
 }
 
 /// `len` zeroed elements straight from the allocator (calloc): a large KV cache costs no memory
@@ -177,11 +225,39 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
+        let blocks = |t: KvCacheType| {
+            if !len.is_multiple_of(t.block_len()) {
+                Err(ModelError::BadArgument(format!(
+                    "{t} KV cache of {len} values is not a whole number of {}-value blocks",
+                    t.block_len()
+                )))
+            } else {
+                Ok(len / t.block_len())
+            }
+        };
+        Ok(match ty {
+            KvCacheType::F32 => CpuKv::F32(zeroed_vec(len)?),
+            KvCacheType::F16 => CpuKv::F16(zeroed_vec(len)?),
+            KvCacheType::Q8_0 => CpuKv::Q8_0(zeroed_vec(blocks(ty)?)?),
+            KvCacheType::Q4_0 => CpuKv::Q4_0(zeroed_vec(blocks(ty)?)?),
+        })
+    }
+
     fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
         use half::slice::HalfFloatSliceExt;
+        const QK: usize = kvquant::QK;
         match dst {
             CpuKv::F32(d) => d[dst_off..dst_off + len].copy_from_slice(&src[..len]),
             CpuKv::F16(d) => d[dst_off..dst_off + len].convert_from_f32_slice(&src[..len]),
+            // The graph writes whole rows of `kv_dim` values, a multiple of the head dim, which
+            // `State::with_kv_types` checked is whole blocks.
+            CpuKv::Q8_0(d) => {
+                kvquant::quantize_into(&src[..len], &mut d[dst_off / QK..(dst_off + len) / QK])
+            }
+            CpuKv::Q4_0(d) => {
+                kvquant::quantize_into(&src[..len], &mut d[dst_off / QK..(dst_off + len) / QK])
+            }
         }
     }
 
@@ -411,15 +487,15 @@ impl Backend for CpuBackend {
         self.par_ranges(n_rows, 1, &|_, r| {
             // SAFETY: disjoint row ranges per thread; size asserted above.
             unsafe {
-                match (k_cache, v_cache) {
-                    (CpuKv::F32(k), CpuKv::F32(v)) => {
-                        kernels::attention_rows(q, k, v, o.get(), layout, pos0, r)
-                    }
-                    (CpuKv::F16(k), CpuKv::F16(v)) => {
-                        kernels::attention_rows(q, k, v, o.get(), layout, pos0, r)
-                    }
-                    _ => unreachable!("k and v caches are allocated together with one type"),
-                }
+                with_kv_slices!(k_cache, v_cache, |k, v| kernels::attention_rows(
+                    q,
+                    k,
+                    v,
+                    o.get(),
+                    layout,
+                    pos0,
+                    r.clone()
+                ))
             }
         });
     }

@@ -6,12 +6,12 @@
 mod bench;
 mod chat;
 mod engine_args;
-mod inspect;
-mod perplexity;
-mod run;
-mod logits;
 mod eval_kl;
+mod inspect;
+mod logits;
+mod perplexity;
 mod quantize;
+mod run;
 mod template;
 mod tokenize;
 
@@ -34,7 +34,13 @@ struct Cli {
 /// `pn --version`: the version plus the CUDA kernels this build embeds (or why it has none).
 fn long_version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    V.get_or_init(|| format!("{}\n{}", env!("CARGO_PKG_VERSION"), pn_kernels::build_info()))
+    V.get_or_init(|| {
+        format!(
+            "{}\n{}",
+            env!("CARGO_PKG_VERSION"),
+            pn_kernels::build_info()
+        )
+    })
 }
 
 #[derive(Subcommand)]
