@@ -437,3 +437,41 @@ fn a_prompt_longer_than_the_context_is_an_error() {
     );
     assert_eq!(events.iter().filter(|e| e.token.is_some()).count(), 2);
 }
+
+#[test]
+fn quantized_kv_caches_stay_close_to_f32() {
+    use pn_runtime::engine::KvType;
+    let tokens: Vec<u32> = ids(&json("demo-code-model/tokens_val.json")["tokens"])
+        .into_iter()
+        .take(64)
+        .collect();
+    let reference = demo().session().unwrap().feed_all_logits(&tokens).unwrap();
+    // Bounds measured on this model (max abs logit difference against the f32 cache, logits up
+    // to ~16): q8_0 is a few 1e-2 at most, q4_0 a few 1e-1; both far below what would move text.
+    for (k, v, bound) in [
+        (KvType::F16, KvType::F16, 5e-3),
+        (KvType::Q8_0, KvType::Q8_0, 0.1),
+        (KvType::Q4_0, KvType::Q4_0, 1.0),
+    ] {
+        let engine = Engine::load(
+            pn_runtime::DEMO_MODEL_PATH,
+            EngineOptions {
+                kv_type_k: k,
+                kv_type_v: v,
+                ..options()
+            },
+        )
+        .unwrap();
+        let got = engine.session().unwrap().feed_all_logits(&tokens).unwrap();
+        assert_eq!(got.len(), reference.len());
+        let diff = got
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("KV {k}/{v}: max abs logit diff {diff:.3e}");
+        assert!(diff <= bound, "KV {k}/{v}: {diff} > {bound}");
+        // The cache type is really in use: a quantized cache does not reproduce f32 bit for bit.
+        assert!(diff > 0.0, "KV {k}/{v} gave exactly the f32 logits");
+    }
+}

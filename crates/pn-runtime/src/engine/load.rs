@@ -1,13 +1,13 @@
 //! Opening, checking and binding a model file.
 
 use super::error::{EngineError, Result};
-use super::options::{Device, EngineOptions, KvType, DEFAULT_CONTEXT};
+use super::options::{Device, EngineOptions, DEFAULT_CONTEXT};
 use super::{Engine, FALLBACK_CHAT_TEMPLATE};
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
 use gguf_io::{GgmlType, GgufError, GgufFile};
-use qwen_model::{CpuBackend, LayerKind, Model, ModelConfig};
+use qwen_model::{CpuBackend, Model, ModelConfig};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -54,7 +54,7 @@ pub(super) fn load(
     }
     let config = ModelConfig::from_gguf(&file)?;
     let context = resolve_context(&config, options.context)?;
-    check_memory(&config, context)?;
+    check_memory(&config, &options, context)?;
 
     progress(LoadProgress {
         stage: "binding",
@@ -102,17 +102,7 @@ pub(super) fn load(
 
 fn check_device(options: &EngineOptions) -> Result<()> {
     match options.device {
-        Device::Cpu => {
-            for kv in [options.kv_type_k, options.kv_type_v] {
-                if kv != KvType::F32 {
-                    return Err(EngineError::UnsupportedKvType {
-                        kv: kv.to_string(),
-                        device: "cpu".into(),
-                    });
-                }
-            }
-            Ok(())
-        }
+        Device::Cpu => Ok(()),
         Device::Cuda(ordinal) if !pn_kernels::kernels_available() => {
             Err(EngineError::CudaNoKernels {
                 ordinal,
@@ -173,20 +163,15 @@ fn resolve_context(config: &ModelConfig, requested: usize) -> Result<usize> {
 }
 
 /// Bytes of one session's attention KV cache (trunk attention layers plus the MTP block).
-pub(super) fn kv_bytes(config: &ModelConfig, context: usize) -> u64 {
-    let attn_layers = config
-        .layer_kinds
-        .iter()
-        .filter(|k| matches!(k, LayerKind::FullAttention))
-        .count()
-        + config.n_mtp.min(1);
-    (attn_layers * 2 * context * config.kv_dim() * 4) as u64
+pub(super) fn kv_bytes(config: &ModelConfig, options: &EngineOptions, context: usize) -> u64 {
+    qwen_model::kv_bytes_per_token(config, options.kv_type_k, options.kv_type_v)
+        .saturating_mul(context as u64)
 }
 
 /// Refuses a context whose KV cache cannot fit in the memory the system reports available, so
 /// the user gets the numbers instead of an abort from the allocator.
-fn check_memory(config: &ModelConfig, context: usize) -> Result<()> {
-    let needed = kv_bytes(config, context);
+fn check_memory(config: &ModelConfig, options: &EngineOptions, context: usize) -> Result<()> {
+    let needed = kv_bytes(config, options, context);
     if let Some(available) = available_memory() {
         if needed > available {
             return Err(EngineError::ContextOutOfMemory {

@@ -40,36 +40,9 @@ impl fmt::Display for Device {
     }
 }
 
-/// Element type of the attention KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// 32-bit floats (the CPU backend's only type).
-    #[default]
-    F32,
-    /// 16-bit floats (for the CUDA backend, later).
-    F16,
-}
-
-impl FromStr for KvType {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<KvType, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Ok(KvType::F32),
-            "f16" => Ok(KvType::F16),
-            _ => Err(format!("unknown KV cache type `{s}` (expected f32 or f16)")),
-        }
-    }
-}
-
-impl fmt::Display for KvType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-        })
-    }
-}
+/// Element type of the attention KV cache (f32, f16, q8_0, q4_0), chosen per K and V; the CPU
+/// backend's attention reads every type in place.
+pub use qwen_model::KvCacheType as KvType;
 
 /// Default context when none is given: long enough for chat, small enough that the KV cache of a
 /// 27B model fits in a few GiB (llama.cpp's default is 4096 too).

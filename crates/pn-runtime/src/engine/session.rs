@@ -207,7 +207,11 @@ impl<'e> Session<'e> {
         let model = engine.model();
         Ok(Session {
             engine,
-            state: model.new_state(engine.context())?,
+            state: model.new_state_with_kv_types(
+                engine.context(),
+                engine.options().kv_type_k,
+                engine.options().kv_type_v,
+            )?,
             ws: model.new_workspace(engine.options().batch.max(1))?,
             fed: Vec::new(),
             pending: None,

@@ -22,10 +22,10 @@ pub struct ModelArgs {
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// KV cache type for K (f32; f16 on CUDA later).
+    /// KV cache type for K: f32, f16, q8_0 or q4_0.
     #[arg(long = "cache-type-k", alias = "ctk", default_value = "f32")]
     pub cache_type_k: KvType,
-    /// KV cache type for V.
+    /// KV cache type for V: f32, f16, q8_0 or q4_0.
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f32")]
     pub cache_type_v: KvType,
 }
