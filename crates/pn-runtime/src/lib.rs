@@ -21,12 +21,13 @@
 pub mod engine;
 pub use engine::{
     CancelToken, Device, Engine, EngineError, EngineOptions, FinishReason, Session, StopConditions,
-    TokenEvent, DEMO_MODEL_PATH,
+    TokenEvent, DEMO_MODEL_F16_PATH, DEMO_MODEL_PATH,
 };
 pub use sampling::SamplingParams;
 pub mod chat_template;
 pub mod cuda;
 pub mod quantize;
 pub mod sampling;
+pub mod server;
 pub mod speculative;
 pub mod tokenizer;

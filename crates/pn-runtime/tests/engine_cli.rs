@@ -91,6 +91,11 @@ fn bench_json_parses_as_documented() {
     assert_eq!(rows[2]["n_depth"], 8);
     assert_eq!(rows[0]["n_prompt"], 16);
     assert_eq!(rows[1]["n_gen"], 4);
+    // The demo model has an MTP head: tg tests draft by default and report it.
+    assert_eq!(rows[1]["spec"], "mtp");
+    let tpp = rows[1]["spec_tokens_per_pass"].as_f64().unwrap();
+    assert!((1.0..=3.0).contains(&tpp), "{tpp}");
+    assert!(rows[0].get("spec").is_none(), "pp tests do not draft");
 }
 
 #[test]
@@ -105,10 +110,11 @@ fn bench_markdown_table() {
     assert!(s.contains("| pp8 |") && s.contains("| tg2 |"), "{s}");
 }
 
-/// The demo model's 128 validation tokens: transformers measured 3.8381 nats/token.
+/// The demo model's F16 original on its 128 validation tokens: transformers measured 3.8381
+/// nats/token with the same weights.
 #[test]
 fn perplexity_of_the_demo_model_matches_transformers() {
-    let model = pn_runtime::DEMO_MODEL_PATH;
+    let model = pn_runtime::DEMO_MODEL_F16_PATH;
     let tokens = data("demo-code-model/tokens_val.json");
     let logits = data("demo-code-model/logits_val.f32");
     let out = pn(&[

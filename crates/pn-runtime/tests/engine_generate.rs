@@ -3,7 +3,8 @@
 
 use pn_runtime::chat_template::ChatMessage;
 use pn_runtime::engine::{
-    CancelToken, Device, Engine, EngineError, EngineOptions, FinishReason, StopConditions,
+    CancelToken, Device, Engine, EngineError, EngineOptions, FinishReason, Speculation,
+    StopConditions,
 };
 use pn_runtime::sampling::SamplingParams;
 use std::path::PathBuf;
@@ -25,7 +26,22 @@ fn options() -> EngineOptions {
 
 fn demo() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::load(pn_runtime::DEMO_MODEL_PATH, options()).expect("demo model"))
+    E.get_or_init(|| {
+        Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).expect("demo model (F16)")
+    })
+}
+
+/// The demo model without speculative decoding (the pinned seeded transcript is plain
+/// sampling's; speculative sampling draws differently for the same seed).
+fn demo_plain() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let o = EngineOptions {
+            speculation: Speculation::None,
+            ..options()
+        };
+        Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, o).expect("demo model (F16)")
+    })
 }
 
 fn tiny() -> &'static Engine {
@@ -147,14 +163,19 @@ fn a_fixed_seed_reproduces_the_transcript() {
         seed,
         ..SamplingParams::default()
     };
-    let run = |seed| {
+    let run_on = |engine, seed| {
         collect(
-            demo(),
+            engine,
             "class Stack:\n",
             params(seed),
             StopConditions::max_tokens(40),
         )
     };
+    // Speculative sampling (the default) is reproducible too.
+    let spec = run_on(demo(), 1234);
+    assert_eq!(run_on(demo(), 1234), spec);
+    assert_ne!(run_on(demo(), 99).0, spec.0);
+    let run = |seed| run_on(demo_plain(), seed);
     let (toks, text, finish) = run(1234);
     assert_eq!(run(1234), (toks.clone(), text.clone(), finish.clone()));
     assert_ne!(run(99).0, toks, "another seed should sample differently");
@@ -454,7 +475,7 @@ fn quantized_kv_caches_stay_close_to_f32() {
         (KvType::Q4_0, KvType::Q4_0, 1.0),
     ] {
         let engine = Engine::load(
-            pn_runtime::DEMO_MODEL_PATH,
+            pn_runtime::DEMO_MODEL_F16_PATH,
             EngineOptions {
                 kv_type_k: k,
                 kv_type_v: v,

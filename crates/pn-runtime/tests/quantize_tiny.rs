@@ -42,23 +42,23 @@ fn quantize(
 }
 
 /// The type the P0k+19 mix gives each tiny-model tensor, before promotion. token_embd and
-/// output have K = 320, which no 256-weight superblock divides: they are stored as F32
-/// stand-ins of Q3_K / Q4_K and listed in `pn.simulated`.
-fn expected_type(name: &str) -> GgmlType {
+/// output have K = 320, which no 256-weight superblock divides: their Q3_K / Q4_K fall back to
+/// a measured real type (checked separately against `pn.fallback`; `None` here).
+fn expected_type(name: &str) -> Option<GgmlType> {
     let base = name
         .strip_prefix("blk.")
         .map(|r| &r[r.find('.').unwrap() + 1..])
         .unwrap_or(name);
     let base = base.strip_suffix(".weight").unwrap_or(base);
-    match base {
+    Some(match base {
         "attn_q" | "attn_qkv" | "attn_gate" | "ffn_gate" | "ffn_up" => GgmlType::Pn3t,
         "attn_k" | "attn_v" | "attn_output" | "ssm_out" | "ffn_down" | "nextn.eh_proj" => {
             GgmlType::Pn4t
         }
         "ssm_alpha" | "ssm_beta" => GgmlType::Q8_0,
-        "token_embd" | "output" => GgmlType::F32,
+        "token_embd" | "output" => return None,
         _ => GgmlType::F32, // norms, ssm_a, ssm_dt.bias, ssm_conv1d
-    }
+    })
 }
 
 #[test]
@@ -80,8 +80,36 @@ fn p0k19_gives_every_tensor_its_type_and_valid_reference_bytes() {
     assert_eq!(f.get_str("pn.mix").unwrap(), "P0k+19");
     let promoted = f.get_str_array("pn.promoted").unwrap();
     assert_eq!(promoted.len(), 19);
-    let simulated = f.get_str_array("pn.simulated").unwrap();
-    assert_eq!(simulated, vec!["output.weight", "token_embd.weight"]);
+    assert!(f.get("pn.simulated").is_none());
+    // K = 320: Q3_K/Q4_K cannot tile it; each gets a real type, recorded in pn.fallback and
+    // the summary, never the F32 stand-in.
+    let fallback = f.get_str_array("pn.fallback").unwrap();
+    assert_eq!(fallback.len(), 2, "{fallback:?}");
+    for (name, intended) in [("token_embd.weight", "q3_K"), ("output.weight", "q4_K")] {
+        let ty = f.tensor_info(name).unwrap().ty;
+        assert!(
+            matches!(
+                ty,
+                GgmlType::Pn3t | GgmlType::Pn4t | GgmlType::Q8_0 | GgmlType::F16
+            ),
+            "{name}: {ty:?}"
+        );
+        let entry = format!("{name}={intended}->{}", ty.name());
+        assert!(
+            fallback.contains(&entry.as_str()),
+            "{entry} not in {fallback:?}"
+        );
+        let r = s.tensors.iter().find(|t| t.name == name).unwrap();
+        let fb = r.fallback.as_ref().unwrap();
+        assert_eq!(fb.chosen.ggml(), ty);
+        // The chosen type's error is within the "similar" factor of the K-quant's.
+        let chosen_rel = fb.tried.last().unwrap().1;
+        assert!(
+            ty == GgmlType::F16
+                || chosen_rel <= fb.intended_rel * pn_runtime::quantize::fallback::SIMILAR,
+            "{fb:?}"
+        );
+    }
 
     // The type table.
     assert_eq!(f.tensor_infos().len(), input.tensor_infos().len());
@@ -89,7 +117,9 @@ fn p0k19_gives_every_tensor_its_type_and_valid_reference_bytes() {
     for (a, b) in input.tensor_infos().iter().zip(f.tensor_infos()) {
         assert_eq!(a.name, b.name);
         assert_eq!(a.dims, b.dims, "{}", a.name);
-        let mut want = expected_type(&a.name);
+        let Some(mut want) = expected_type(&a.name) else {
+            continue;
+        };
         if promoted.contains(&a.name.as_str()) {
             assert_eq!(
                 want,
@@ -202,6 +232,54 @@ fn other_mixes_and_no_rotation() {
         .tensor_infos()
         .iter()
         .all(|t| t.ty == GgmlType::Q8_0 || t.ty == GgmlType::F32));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn kquant_fallback_policies() {
+    use pn_runtime::quantize::FallbackPolicy;
+    let d = scratch("fallback");
+    // The stock baselines keep the K-quant as an F32 stand-in by default (they measure what the
+    // K-quant would do); P0k can ask for that too.
+    for (mix, policy) in [("q3k-like", None), ("P0k", Some(FallbackPolicy::Simulate))] {
+        let out = d.join(format!("{mix}.gguf"));
+        let s = quantize(&tiny(), &out, |o| {
+            o.mix = Mix::parse(mix).unwrap();
+            o.fallback = policy;
+        })
+        .unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        assert!(f.get("pn.fallback").is_none(), "{mix}");
+        let sim = f.get_str_array("pn.simulated").unwrap();
+        assert!(sim.contains(&"token_embd.weight"), "{mix}: {sim:?}");
+        assert_eq!(
+            f.tensor_info("token_embd.weight").unwrap().ty,
+            GgmlType::F32
+        );
+        // Sizes count the K-quant's nominal bytes, not the F32 stand-in.
+        let t = s
+            .tensors
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        assert!(t.simulated && t.nominal_bytes * 8 < t.bytes, "{mix}");
+    }
+    // And a baseline can be made real: every K-quant that cannot tile K gets a real type.
+    let out = d.join("real.gguf");
+    quantize(&tiny(), &out, |o| {
+        o.mix = Mix::parse("all-q3_K").unwrap();
+        o.fallback = Some(FallbackPolicy::Real);
+    })
+    .unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    assert!(f.get("pn.simulated").is_none());
+    assert!(!f.get_str_array("pn.fallback").unwrap().is_empty());
+    for t in f.tensor_infos() {
+        let k = t.dims[0];
+        if t.ty == GgmlType::Q3K {
+            assert_eq!(k % 256, 0, "{}", t.name);
+        }
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -344,6 +422,60 @@ fn bad_inputs_give_named_errors_and_no_output() {
             .iter()
             .any(|f| f.contains("partial") || f == "out.gguf"),
         "{files:?}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Ctrl-C on the real binary: `pn quantize` is interrupted while its scratch/temporary files
+/// exist, exits with an error, and leaves nothing behind (no output, no temporary, no spill).
+#[cfg(unix)]
+#[test]
+fn sigint_during_pn_quantize_leaves_no_file() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let d = scratch("sigint");
+    let out = d.join("m.gguf");
+    // The demo model (35 MB) on one thread: long enough to be caught mid-run.
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/demo-code-model/model-f16.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pn"))
+        .args(["quantize", "--threads", "1", "--quiet"])
+        .arg(&demo)
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the run has created its first file in the folder (the ranking spill), then
+    // give it a moment to be inside the work.
+    let t0 = Instant::now();
+    while dir_entries(&d).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "pn quantize created no file"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("pn quantize ended before it could be interrupted: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "finished despite SIGINT: {stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        dir_entries(&d).is_empty(),
+        "left behind: {:?}",
+        dir_entries(&d)
     );
     std::fs::remove_dir_all(&d).unwrap();
 }

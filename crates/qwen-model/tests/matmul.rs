@@ -108,9 +108,9 @@ fn matmul_every_type_matches_naive() {
             file: None,
         };
         let w = be.load_weight(&src).unwrap();
-        // 1 and 2 rows take the fused per-row dot (prepared activations for PN), 5 rows the
-        // decode-once path: all must agree with the reference.
-        for t in [1usize, 2, 5] {
+        // 1..=8 rows take the fused multi-vector dots (prepared activations for PN; one call
+        // per 8 rows), 9 and more the decode-once path: all must agree with the reference.
+        for t in [1usize, 2, 3, 5, 8, 9, 12] {
             let x = randn(&mut rng, t * K, 1.0);
             let mut y = vec![0.0f32; t * ROWS];
             let mut y2 = vec![0.0f32; t * ROWS];
@@ -246,4 +246,46 @@ fn unsupported_type_and_short_data_are_errors() {
         e.contains("blk.0.ffn_up.weight") && e.contains("q2_K"),
         "{e}"
     );
+}
+
+/// The fused multi-vector path and the decode-once path agree for every row count around the
+/// switch-over, whichever threshold is set.
+#[test]
+fn fused_and_decoded_paths_agree() {
+    let mut rng = StdRng::seed_from_u64(14);
+    for ty in [GgmlType::Pn3t, GgmlType::Q4K, GgmlType::F16, GgmlType::Q8_0] {
+        let bytes = encode(ty, &mut rng);
+        let src = WeightSource {
+            name: "w",
+            ty,
+            rows: ROWS,
+            cols: K,
+            bytes: &bytes,
+            rotated: false,
+            rotation_block: 0,
+            file: None,
+        };
+        let mut fused = CpuBackend::new(2);
+        fused.set_decode_rows_min(usize::MAX);
+        let mut decoded = CpuBackend::new(2);
+        decoded.set_decode_rows_min(1);
+        let (wf, wd) = (
+            fused.load_weight(&src).unwrap(),
+            decoded.load_weight(&src).unwrap(),
+        );
+        for t in [2usize, 5, 11] {
+            let x = randn(&mut rng, t * K, 1.0);
+            let mut yf = vec![0.0f32; t * ROWS];
+            let mut yd = vec![0.0f32; t * ROWS];
+            fused.matmul(&x, t, &mut [(&wf, &mut yf)]).unwrap();
+            decoded.matmul(&x, t, &mut [(&wd, &mut yd)]).unwrap();
+            for (i, (a, b)) in yf.iter().zip(&yd).enumerate() {
+                // The PN fused path uses int16 activations (<= 2^-16 relative per block).
+                assert!(
+                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                    "{ty:?} t={t} output {i}: fused {a} vs decoded {b}"
+                );
+            }
+        }
+    }
 }

@@ -5,6 +5,8 @@
 //! * [`vec_dot_f32`]: one weight row times f32 activations, AVX2/FMA when the CPU has it (fused
 //!   kernels for Q4_K, Q6_K, Q8_0, F32, F16; other types decode a block at a time).
 //!   [`reference::vec_dot_f32`] is the scalar reference it is tested against.
+//! * [`vec_dot_f32_multi`]: one weight row times several activation vectors, each block decoded
+//!   once (AVX2 when the CPU has it); tested against [`reference::vec_dot_f32_multi`].
 //! * [`quantize_activations`] + [`vec_dot_q`]: the int8-activation path (Q8_K for K-quants,
 //!   Q8_0 for Q4_0/Q8_0), as ggml's CPU backend does it.
 //! * [`quantize_row`]: F32, F16, BF16, Q8_0, Q3_K, Q4_K, Q6_K.
@@ -15,10 +17,14 @@ mod fp;
 mod kquantize;
 mod kquants;
 mod legacy;
+mod multi;
 mod q8;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_multi;
 
+pub use multi::vec_dot_f32_multi;
 pub use q8::{quantize_activations, vec_dot_q, ActFormat, QuantizedActs};
 
 use crate::types::GgmlType;
@@ -239,6 +245,17 @@ pub mod reference {
             .zip(x)
             .map(|(&a, &b)| f64::from(a) * f64::from(b))
             .sum::<f64>() as f32)
+    }
+
+    /// [`vec_dot_f32`] (full decode, f64 sums) once per vector: the reference of
+    /// [`super::vec_dot_f32_multi`].
+    pub fn vec_dot_f32_multi(
+        ty: GgmlType,
+        row: &[u8],
+        xs: &[&[f32]],
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        super::multi::reference(ty, row, xs, out)
     }
 
     /// The portable block-at-a-time dot product (no explicit SIMD).

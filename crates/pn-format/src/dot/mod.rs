@@ -14,11 +14,19 @@
 //!   most 2^-16 of the block's largest activation.
 //!
 //! The row length `k` must be a whole number of blocks.
+//!
+//! [`matvec_multi`] multiplies a matrix with up to [`MAX_ACTS`] int16-prepared vectors in one pass
+//! over the weights (each block unpacked once), for speculative verification and small batches.
 
 pub(crate) mod layout;
+mod multi;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_multi;
+
+pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
 
 use crate::block::blocks;
 use crate::error::PnError;

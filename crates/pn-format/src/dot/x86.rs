@@ -205,7 +205,9 @@ pub unsafe fn dot_i16_avx512<const VNNI: bool>(
 #[inline(always)]
 unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m512i {
     if VNNI {
-        _mm512_dpwssd_epi32(acc, c, x)
+        // Not `_mm512_dpwssd_epi32`: LLVM splits that into `vpmaddwd` + `vpaddd` for a generic
+        // target (see `x86_multi::dpwssd_asm`).
+        super::x86_multi::dpwssd_asm(acc, c, x)
     } else {
         _mm512_add_epi32(acc, _mm512_madd_epi16(c, x))
     }

@@ -18,11 +18,16 @@
 mod error;
 mod load;
 mod options;
+mod prompt_cache;
 mod session;
 
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
-pub use options::{Device, EngineOptions, KvType, DEFAULT_CONTEXT};
+pub use options::{
+    Device, EngineOptions, KvType, Speculation, DEFAULT_CONTEXT, DEFAULT_PROMPT_CACHE_CHECKPOINTS,
+    DEFAULT_PROMPT_CACHE_INTERVAL,
+};
+pub use prompt_cache::checkpoint_bytes;
 pub use session::{
     CancelToken, FinishReason, Generation, ProgressFn, Prompt, Session, StopConditions, Timings,
     TokenEvent,
@@ -35,9 +40,16 @@ use qwen_model::{CpuBackend, Model};
 use std::path::{Path, PathBuf};
 
 /// The model that ships in the repository and that `pn run` / `pn chat` use without `-m`: a
-/// ~17M-parameter model of the exact Qwen3.5 architecture trained on Python source (see its
-/// README beside it). One constant, so swapping in the PN3-quantized file is a one-line change.
+/// ~17M-parameter model of the exact Qwen3.5 architecture trained on Python source, quantized
+/// by `pn quantize` to the PN3 mix (P0k+19, Hadamard-rotated; 10.7 MB). Its README beside it
+/// gives the command that made it and its measured quality against the F16 original.
 pub const DEMO_MODEL_PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/data/demo-code-model/model-pn3.gguf"
+);
+
+/// The F16 original of the demo model (the oracle the PN3 demo file was quantized from).
+pub const DEMO_MODEL_F16_PATH: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../tests/data/demo-code-model/model-f16.gguf"
 );

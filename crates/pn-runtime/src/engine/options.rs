@@ -44,9 +44,23 @@ impl fmt::Display for Device {
 /// backend's attention reads every type in place.
 pub use qwen_model::KvCacheType as KvType;
 
+/// Speculative decoding setting (see [`crate::speculative`]).
+pub use crate::speculative::Speculation;
+
 /// Default context when none is given: long enough for chat, small enough that the KV cache of a
 /// 27B model fits in a few GiB (llama.cpp's default is 4096 too).
 pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// Default [`EngineOptions::prompt_cache_interval`]: a long prompt that diverges somewhere in
+/// the middle recomputes at most this many tokens before the divergence (while the checkpoints
+/// are not thinned out by eviction).
+pub const DEFAULT_PROMPT_CACHE_INTERVAL: usize = 512;
+
+/// Default [`EngineOptions::prompt_cache_checkpoints`]: the current request's three (previous
+/// turn's end, assistant turn start, prompt end) plus one more (an earlier turn, or the roundest
+/// interval position of a long prompt); about 600 MiB for the 27B shape (150 MiB each), 1.7 MB
+/// for the demo model.
+pub const DEFAULT_PROMPT_CACHE_CHECKPOINTS: usize = 4;
 
 /// How to load a model. `EngineOptions::default()` is the CPU backend on all cores with a
 /// context of [`DEFAULT_CONTEXT`] (or the model's, if shorter) and an f32 KV cache.
@@ -69,6 +83,16 @@ pub struct EngineOptions {
     pub batch: usize,
     /// A chat template to use instead of the model's `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// Prompt cache: a recurrent-state checkpoint every this many prompt tokens (0: only at
+    /// turn starts and prompt ends). See [`checkpoint_bytes`](super::checkpoint_bytes) for
+    /// the size of one.
+    pub prompt_cache_interval: usize,
+    /// Prompt cache: most checkpoints a session keeps (0: none; a new prompt then reuses only
+    /// a session state it extends).
+    pub prompt_cache_checkpoints: usize,
+    /// Speculative decoding: MTP drafting by default (plain decoding for a model without an MTP
+    /// block), or [`Speculation::None`].
+    pub speculation: Speculation,
 }
 
 impl Default for EngineOptions {
@@ -82,6 +106,9 @@ impl Default for EngineOptions {
             validate_pn: true,
             batch: 64,
             chat_template: None,
+            prompt_cache_interval: DEFAULT_PROMPT_CACHE_INTERVAL,
+            prompt_cache_checkpoints: DEFAULT_PROMPT_CACHE_CHECKPOINTS,
+            speculation: Speculation::default(),
         }
     }
 }

@@ -1,11 +1,13 @@
 //! Sessions: one sequence's state, prompt processing and streaming generation.
 
 use super::error::{EngineError, Result};
+use super::prompt_cache::PromptCache;
 use super::Engine;
 use crate::chat_template::ChatMessage;
 use crate::sampling::{Sampler, SamplingParams, StopStrings, StopTokens};
+use crate::speculative::{SpecDecoder, SpecStats, Speculation};
 use crate::tokenizer::StreamDecoder;
-use qwen_model::{CpuBackend, Outputs, Snapshot, State, Workspace};
+use qwen_model::{CpuBackend, Outputs, State, Workspace};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,6 +144,9 @@ pub struct TokenEvent {
 pub struct Timings {
     /// Prompt tokens processed (not counting those reused from the session's state).
     pub prompt_tokens: usize,
+    /// Tokens of the sequence reused from the session (its live state or a prompt-cache
+    /// checkpoint) instead of being processed.
+    pub prompt_reused: usize,
     /// Time spent on them.
     pub prompt_time: Duration,
     /// Tokens generated.
@@ -186,10 +191,12 @@ pub struct Session<'e> {
     /// Logits after the last fed token, valid when `has_logits`.
     logits: Vec<f32>,
     has_logits: bool,
-    /// State after the last chat prompt, to continue a conversation whose earlier turns were
-    /// re-rendered differently (the recurrent layers cannot be rewound otherwise).
-    prompt_snapshot: Option<(usize, Snapshot<CpuBackend>)>,
+    /// Checkpoints of the recurrent state at positions of `fed`, to continue from a prefix when
+    /// a new sequence diverges from this one (the recurrent layers cannot be rewound otherwise).
+    cache: PromptCache<CpuBackend>,
     progress: Option<ProgressFn>,
+    /// Speculative decoder (MTP cache catch-up, draft/verify/accept), when speculation is on.
+    spec: Option<SpecDecoder<CpuBackend>>,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -217,8 +224,12 @@ impl<'e> Session<'e> {
             pending: None,
             logits: vec![0.0; model.config.vocab],
             has_logits: false,
-            prompt_snapshot: None,
+            cache: PromptCache::new(
+                engine.options().prompt_cache_interval,
+                engine.options().prompt_cache_checkpoints,
+            ),
             progress: None,
+            spec: SpecDecoder::for_model(model, engine.options().speculation),
         })
     }
 
@@ -230,6 +241,29 @@ impl<'e> Session<'e> {
     /// Reports progress of long prompts (for a progress bar).
     pub fn set_progress(&mut self, f: Option<ProgressFn>) {
         self.progress = f;
+    }
+
+    /// Changes this session's speculative decoding (the engine's option is the default).
+    /// Turning it on mid-sequence works; the MTP head lacks the earlier rows until then.
+    pub fn set_speculation(&mut self, spec: Speculation) {
+        self.spec = SpecDecoder::for_model(self.engine.model(), spec);
+    }
+
+    /// A generation that stopped inside a speculative run leaves the state ahead of the
+    /// session's tokens (the emitted ones): roll it back before the state is used again.
+    fn settle_spec(&mut self) -> Result<()> {
+        let n = self.fed.len();
+        if self.state.pos() > n {
+            let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
+            sp.rollback_to(self.engine.model(), &mut self.state, &mut self.ws, n)?;
+        }
+        Ok(())
+    }
+
+    /// The speculative decoder, when speculation is on (statistics, draft count, and a custom
+    /// drafter or acceptance rule for tests).
+    pub fn speculation_mut(&mut self) -> Option<&mut SpecDecoder<CpuBackend>> {
+        self.spec.as_mut()
     }
 
     /// Every token of the sequence (prompts and generated tokens).
@@ -254,14 +288,31 @@ impl<'e> Session<'e> {
         self.state.capacity()
     }
 
-    /// Back to an empty sequence.
+    /// Back to an empty sequence; the prompt cache is emptied too.
     pub fn reset(&mut self) {
         let m = self.engine.model();
         self.state.reset(&m.config, &m.backend);
         self.fed.clear();
         self.pending = None;
         self.has_logits = false;
-        self.prompt_snapshot = None;
+        self.cache.clear();
+    }
+
+    /// Positions of the prompt cache's checkpoints (ascending): a new sequence that diverges
+    /// from this session's tokens at position `p` is recomputed from the largest of them `<= p`.
+    pub fn prompt_cache_positions(&self) -> Vec<usize> {
+        self.cache.positions()
+    }
+
+    /// The logits after the last processed token, when no sampled token is waiting to be
+    /// processed (after a prompt, before the generation samples).
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.has_logits.then_some(self.logits.as_slice())
+    }
+
+    /// Bytes the prompt cache's checkpoints hold (recurrent states and logits).
+    pub fn prompt_cache_bytes(&self) -> u64 {
+        self.cache.bytes(&self.engine.model().config)
     }
 
     /// Appends `tokens` to the sequence and returns the logits after the last one.
@@ -272,32 +323,92 @@ impl<'e> Session<'e> {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_room(all.len())?;
-        let model = self.engine.model();
+        self.run_tokens(&all, &[])?;
+        Ok(self.logits.as_slice())
+    }
+
+    /// Processes `all` (after `fed`, pending token already included), leaving the logits after
+    /// the last one. Chunks end at each of `marks` (absolute positions, ascending), where a
+    /// prompt-cache checkpoint is taken; a mark at the current position is taken first.
+    fn run_tokens(&mut self, all: &[u32], marks: &[usize]) -> Result<()> {
+        self.settle_spec()?;
+        let m = self.engine.model();
         let total = all.len();
         let step = self.ws.max_rows();
+        let start = self.fed.len();
         self.has_logits = false;
-        for (i, chunk) in all.chunks(step).enumerate() {
-            let last = (i + 1) * step >= total;
-            let out = if last {
+        let mut marks = marks
+            .iter()
+            .copied()
+            .filter(|&p| p >= start && p < start + total)
+            .peekable();
+        let mut done = 0;
+        while done < total {
+            if marks.next_if_eq(&(start + done)).is_some() {
+                let h = self
+                    .spec
+                    .as_ref()
+                    .and_then(|sp| sp.carried_hidden(start + done));
+                self.cache
+                    .insert(&self.state, &m.config, &m.backend, None, h)?;
+            }
+            let until = marks.peek().map_or(total, |&p| p - start);
+            let n = step.min(until - done);
+            let chunk = &all[done..done + n];
+            let out = if done + n == total {
                 Outputs::last_logits(&mut self.logits)
             } else {
                 Outputs::default()
             };
-            model.forward(&mut self.state, &mut self.ws, chunk, out)?;
+            match self.spec.as_mut() {
+                // Also feeds the MTP block's cache.
+                Some(sp) => sp.forward(m, &mut self.state, &mut self.ws, chunk, out)?,
+                None => m.forward(&mut self.state, &mut self.ws, chunk, out)?,
+            }
             self.fed.extend_from_slice(chunk);
+            done += n;
             if total > step {
                 if let Some(p) = self.progress.as_mut() {
-                    p((i * step + chunk.len()).min(total), total);
+                    p(done, total);
                 }
             }
         }
         self.has_logits = true;
-        Ok(self.logits.as_slice())
+        Ok(())
+    }
+
+    /// Processes a prompt's tokens `all` (after `fed`, pending token already included) with
+    /// prompt-cache checkpoints: at every interval mark, before the last two `<|im_start|>`
+    /// (the last message, usually the new user one: an edited one diverges there; and the
+    /// assistant turn: a template that re-renders earlier replies differently diverges there)
+    /// and at the end, with the logits (the same prompt again).
+    fn run_prompt(&mut self, all: &[u32]) -> Result<()> {
+        let start = self.fed.len();
+        let mut marks = self.cache.interval_marks(start, start + all.len());
+        if let Some(id) = self.engine.tokenizer().token_id("<|im_start|>") {
+            let turns = (0..all.len()).rev().filter(|&i| all[i] == id).take(2);
+            marks.extend(turns.map(|i| start + i));
+            marks.sort_unstable();
+            marks.dedup();
+        }
+        self.run_tokens(all, &marks)?;
+        let m = self.engine.model();
+        self.cache.insert(
+            &self.state,
+            &m.config,
+            &m.backend,
+            Some(&self.logits),
+            self.spec
+                .as_ref()
+                .and_then(|sp| sp.carried_hidden(self.state.pos())),
+        )?;
+        Ok(())
     }
 
     /// Appends `tokens` and returns the logits after each of them (`tokens.len() x vocab`,
     /// row `t` predicting the token after `tokens[t]`), for perplexity and KL measurements.
     pub fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.settle_spec()?;
         if let Some(p) = self.pending.take() {
             self.feed(&[p])?;
         }
@@ -357,17 +468,63 @@ impl<'e> Session<'e> {
             return Err(EngineError::EmptyPrompt);
         }
         let t0 = Instant::now();
-        let n = tokens.len() + usize::from(self.pending.is_some());
+        let reused = self.fed.len();
+        let mut all: Vec<u32> = self.pending.take().into_iter().collect();
+        all.extend_from_slice(&tokens);
+        let n = all.len();
         if n > 0 {
-            self.feed(&tokens)?;
+            self.check_room(n)?;
+            self.run_prompt(&all)?;
         }
         let prompt_time = t0.elapsed();
-        Ok(Generation::new(self, params, stop, n, prompt_time))
+        let mut g = Generation::new(self, params, stop, n, prompt_time);
+        g.timings.prompt_reused = reused;
+        Ok(g)
+    }
+
+    /// Makes the session hold exactly `prompt` (the whole sequence, not an addition to it) and
+    /// streams the continuation. The longest prefix the session can reuse is kept and only the
+    /// rest is processed; [`Timings::prompt_tokens`] counts the processed tokens. Servers use this
+    /// for requests that each carry a whole conversation.
+    pub fn generate_sequence(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        stop: StopConditions,
+    ) -> Result<Generation<'_, 'e>> {
+        let full = self.tokenize(prompt.into())?;
+        self.start_sequence(full, params, stop)
+    }
+
+    /// How many leading tokens of `tokens` this session would not process again if
+    /// [`generate_sequence`](Self::generate_sequence) (or [`chat`](Self::chat)) got `tokens`
+    /// now: the session's tokens when `tokens` extends them, else the position of the newest
+    /// prompt-cache checkpoint within the common prefix, else 0. Servers use it to pick, among
+    /// several sessions, the one that already holds a conversation.
+    pub fn reusable_prefix(&self, tokens: &[u32]) -> usize {
+        match self.plan(tokens) {
+            Start::Live(n) | Start::Checkpoint(n) => n,
+            Start::Empty => 0,
+        }
+    }
+
+    fn check_room_total(&self, n: usize) -> Result<()> {
+        if n > self.context() {
+            return Err(EngineError::PromptTooLong {
+                prompt: n,
+                used: 0,
+                context: self.context(),
+            });
+        }
+        Ok(())
     }
 
     /// Renders `messages` with the model's chat template (plus the assistant generation prompt)
     /// and streams the assistant's reply. The session keeps the conversation: call again with
-    /// the reply and the next user message appended, and only the new tokens are processed.
+    /// the reply and the next user message appended, and only the tokens after the reusable
+    /// prefix are processed (after the session's tokens when the rendering extends them, else
+    /// after the prompt-cache checkpoint before the last turn's assistant reply, for templates
+    /// that re-render earlier replies differently).
     pub fn chat(
         &mut self,
         messages: &[ChatMessage],
@@ -376,40 +533,105 @@ impl<'e> Session<'e> {
     ) -> Result<Generation<'_, 'e>> {
         let text = self.engine.render_chat(messages)?;
         let full = self.engine.tokenizer().encode(&text)?;
-        let suffix = self.rewind_to_prefix_of(&full);
-        let t0 = Instant::now();
-        let n = suffix.len();
-        if n > 0 {
-            self.feed(&suffix)?;
-        }
-        let m = self.engine.model();
-        let snap = self.state.snapshot(&m.config, &m.backend)?;
-        self.prompt_snapshot = Some((self.fed.len(), snap));
-        let prompt_time = t0.elapsed();
-        Ok(Generation::new(self, params, stop, n, prompt_time))
+        self.start_sequence(full, params, stop)
     }
 
-    /// Brings the session to the longest reusable prefix of `full` and returns the tokens still
-    /// to process (never empty: the last prompt token must be run to get logits).
-    fn rewind_to_prefix_of(&mut self, full: &[u32]) -> Vec<u32> {
-        let current = self.tokens();
-        if !current.is_empty() && full.len() > current.len() && full.starts_with(&current) {
-            // `feed` processes the pending token first.
-            return full[current.len()..].to_vec();
+    /// Brings the session to the longest reusable prefix of `full`, processes the rest and
+    /// starts the generation.
+    fn start_sequence(
+        &mut self,
+        full: Vec<u32>,
+        params: SamplingParams,
+        stop: StopConditions,
+    ) -> Result<Generation<'_, 'e>> {
+        if full.is_empty() {
+            return Err(EngineError::EmptyPrompt);
         }
-        if let Some((len, snap)) = self.prompt_snapshot.take() {
-            if len < full.len() && full.starts_with(&self.fed[..len.min(self.fed.len())]) {
-                let m = self.engine.model();
-                self.state.restore(&m.config, &m.backend, &snap);
-                self.fed.truncate(len);
-                self.pending = None;
-                self.has_logits = false;
-                return full[len..].to_vec();
-            }
+        self.check_room_total(full.len())?;
+        let t0 = Instant::now();
+        let reused = self.rewind_to_prefix_of(&full);
+        let n = full.len() - reused;
+        if n > 0 {
+            self.run_prompt(&full[reused..])?;
         }
-        self.reset();
-        full.to_vec()
+        let prompt_time = t0.elapsed();
+        let mut g = Generation::new(self, params, stop, n, prompt_time);
+        g.timings.prompt_reused = reused;
+        Ok(g)
     }
+
+    /// Where a new sequence `full` would start from.
+    fn plan(&self, full: &[u32]) -> Start {
+        let common = common_prefix(&self.fed, full);
+        // The live state, when `full` extends it (or equals it and its logits are at hand).
+        if !self.fed.is_empty()
+            && common == self.fed.len()
+            && (common < full.len() || self.has_logits)
+        {
+            return Start::Live(common);
+        }
+        match self.cache.best(common, full.len()) {
+            Some(c) => Start::Checkpoint(c.pos),
+            None => Start::Empty,
+        }
+    }
+
+    /// Brings the session to the longest reusable prefix of `full` (see [`plan`](Self::plan))
+    /// and returns its length; when it is all of `full`, the logits after it are at hand.
+    /// Checkpoints past the common prefix are dropped (their KV rows get overwritten).
+    fn rewind_to_prefix_of(&mut self, full: &[u32]) -> usize {
+        let common = common_prefix(&self.fed, full);
+        let m = self.engine.model();
+        let reused = match self.plan(full) {
+            Start::Live(n) => n,
+            Start::Checkpoint(pos) => {
+                let c = self
+                    .cache
+                    .best(common, full.len())
+                    .expect("plan found this checkpoint");
+                self.state.restore(&m.config, &m.backend, &c.snap);
+                // MTP rows pair token p + 1 with the trunk's h_p: none may reach past pos - 1.
+                self.state.truncate_mtp(pos.saturating_sub(1));
+                if let Some(sp) = self.spec.as_mut() {
+                    sp.set_carried_hidden(c.hidden.as_deref().map(|h| (pos, h)));
+                }
+                self.has_logits = false;
+                if let Some(l) = &c.logits {
+                    if pos == full.len() {
+                        self.logits.copy_from_slice(l);
+                        self.has_logits = true;
+                    }
+                }
+                pos
+            }
+            Start::Empty => {
+                self.state.reset(&m.config, &m.backend);
+                0
+            }
+        };
+        self.cache.truncate(common);
+        self.fed.truncate(reused);
+        self.pending = None;
+        if reused < full.len() {
+            self.has_logits = false;
+        }
+        reused
+    }
+}
+
+/// Where a new sequence starts from (the number is the tokens reused).
+enum Start {
+    /// The session's current state.
+    Live(usize),
+    /// A prompt-cache checkpoint at this position.
+    Checkpoint(usize),
+    /// An empty state.
+    Empty,
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// A streaming generation: an iterator of [`TokenEvent`]s, ending after the event that carries
@@ -424,6 +646,12 @@ pub struct Generation<'s, 'e> {
     cancel: CancelToken,
     timings: Timings,
     finish: Option<FinishReason>,
+    /// The last speculative step's run `[x_n, accepted drafts, next]`, how many of its tokens
+    /// after `x_n` were emitted, and the length of `fed` before it. The session's tokens
+    /// follow the emitted ones; its state may be ahead until it settles.
+    run: Vec<u32>,
+    run_emitted: usize,
+    run_base: usize,
 }
 
 impl std::fmt::Debug for Generation<'_, '_> {
@@ -465,8 +693,93 @@ impl<'s, 'e> Generation<'s, 'e> {
                 ..Timings::default()
             },
             finish: None,
-            session,
+            run: Vec::new(),
+            run_emitted: 0,
+            run_base: 0,
+            session: {
+                if let Some(sp) = session.spec.as_mut() {
+                    sp.reset_stats();
+                }
+                session
+            },
         }
+    }
+
+    /// Speculative decoding counters of this generation (`None` when speculation is off).
+    pub fn spec_stats(&self) -> Option<SpecStats> {
+        self.session.spec.as_ref().map(|sp| sp.stats())
+    }
+
+    /// The next token: from the current speculative run, else by a speculative step, else by
+    /// a plain pass. `None`: the context is full.
+    fn next_id(&mut self) -> Result<Option<u32>> {
+        if self.run_emitted + 1 < self.run.len() {
+            self.run_emitted += 1;
+            return Ok(Some(self.emit_from_run()));
+        }
+        let s = &mut *self.session;
+        if !s.has_logits {
+            let Some(p) = s.pending else {
+                return Err(EngineError::EmptyPrompt);
+            };
+            if s.fed.len() + 1 > s.context() {
+                return Ok(None);
+            }
+            if s.spec.is_some() && s.fed.len() + 2 <= s.context() {
+                return self.spec_step(p).map(Some);
+            }
+            // `feed` processes the pending token first.
+            s.feed(&[])?;
+        }
+        if s.fed.len() >= s.context() {
+            // No room for the sampled token: stop before sampling one that cannot be kept.
+            return Ok(None);
+        }
+        let id = self.sampler.sample(&mut s.logits, &s.fed);
+        s.has_logits = false;
+        s.pending = Some(id);
+        Ok(Some(id))
+    }
+
+    /// Makes the session's tokens the emitted part of the run (the last one pending, as after
+    /// plain decoding) and returns the token just emitted.
+    fn emit_from_run(&mut self) -> u32 {
+        let s = &mut *self.session;
+        let e = self.run_emitted;
+        s.fed.truncate(self.run_base);
+        s.fed.extend_from_slice(&self.run[..e]);
+        s.pending = Some(self.run[e]);
+        s.has_logits = false;
+        self.run[e]
+    }
+
+    /// Drafts, verifies `[x_n, drafts]` in one pass and starts emitting the accepted run.
+    /// Drafts stop short of `max_tokens` and of the context.
+    fn spec_step(&mut self, x_n: u32) -> Result<u32> {
+        let s = &mut *self.session;
+        let budget = self.max_tokens.map_or(usize::MAX, |m| {
+            m.saturating_sub(self.timings.generated_tokens + 1)
+        });
+        let room = s.context() - s.fed.len() - 2;
+        let Some(sp) = s.spec.as_mut() else {
+            return Err(EngineError::EmptyPrompt);
+        };
+        let (accepted, next) = sp.step(
+            s.engine.model(),
+            &mut s.state,
+            &mut s.ws,
+            &mut self.sampler,
+            &s.fed,
+            x_n,
+            budget.min(room),
+        )?;
+        self.run_base = s.fed.len();
+        self.run.clear();
+        self.run.push(x_n);
+        self.run.extend_from_slice(&accepted);
+        self.run.push(next);
+        self.run_emitted = 1;
+        Ok(self.emit_from_run())
     }
 
     /// A handle that cancels this generation (checked before every token).
@@ -532,25 +845,9 @@ impl<'s, 'e> Generation<'s, 'e> {
             return Ok(self.end(None, String::new(), FinishReason::MaxTokens));
         }
         let t0 = Instant::now();
-        let s = &mut *self.session;
-        if !s.has_logits {
-            let Some(p) = s.pending else {
-                return Err(EngineError::EmptyPrompt);
-            };
-            if s.fed.len() + 1 > s.context() {
-                return Ok(self.end(None, String::new(), FinishReason::ContextFull));
-            }
-            debug_assert_eq!(s.pending, Some(p));
-            // `feed` processes the pending token first.
-            s.feed(&[])?;
-        }
-        if s.fed.len() >= s.context() {
-            // No room for the sampled token: stop before sampling one that cannot be kept.
+        let Some(id) = self.next_id()? else {
             return Ok(self.end(None, String::new(), FinishReason::ContextFull));
-        }
-        let id = self.sampler.sample(&mut s.logits, &s.fed);
-        s.has_logits = false;
-        s.pending = Some(id);
+        };
         self.timings.generated_tokens += 1;
         let event = if self.stop_tokens.contains(id) {
             self.end(Some(id), String::new(), FinishReason::EndOfGeneration)

@@ -2,7 +2,9 @@
 //!
 //! The pipeline, one module per step:
 //! - [`mix`]: the role of each tensor and the type a named mix gives it (decisions doc section 7);
-//! - [`plan`]: per-tensor plan (target type, K checks, stock types simulated where K does not fit);
+//! - [`plan`]: per-tensor plan (target type, K checks);
+//! - [`fallback`]: a K-quant whose super-block does not tile K gets the smallest real type of
+//!   similar measured quality (or, for the stock baselines, an F32 simulation);
 //! - [`rotation`]: the Hadamard block size (section 6);
 //! - promotion (here): rank the pn3t tensors by relative squared error after rotation, optionally
 //!   weighted by an importance matrix ([`imatrix`]), and promote the worst N to pn4t; the
@@ -17,6 +19,7 @@
 pub mod codec;
 pub mod error;
 pub mod eval;
+pub mod fallback;
 pub mod imatrix;
 pub mod mix;
 pub mod output;
@@ -27,6 +30,7 @@ mod spill;
 pub mod summary;
 
 pub use error::QuantizeError;
+pub use fallback::{FallbackChoice, FallbackPolicy};
 pub use mix::{Mix, MixKind, Role, Target};
 pub use rotation::RotationChoice;
 pub use summary::{QuantizeSummary, TensorResult};
@@ -47,8 +51,11 @@ pub const KEY_MIX: &str = "pn.mix";
 /// Metadata key: the promoted tensor names (string array).
 pub const KEY_PROMOTED: &str = "pn.promoted";
 /// Metadata key: tensors stored as F32 stand-ins of a stock type (string array; only present
-/// when there are any).
+/// when there are any, i.e. with [`FallbackPolicy::Simulate`]).
 pub const KEY_SIMULATED: &str = "pn.simulated";
+/// Metadata key: K-quant tensors stored in a real fallback type, as `name=q3_K->pn4t` strings
+/// (string array; only present when there are any).
+pub const KEY_FALLBACK: &str = "pn.fallback";
 
 /// Everything `pn quantize` takes.
 #[derive(Clone, Debug)]
@@ -71,6 +78,9 @@ pub struct QuantizeOptions {
     pub force: bool,
     /// Measure the unrotated error of every PN tensor too.
     pub report: bool,
+    /// What to do with K-quants that cannot tile K (`None`: the mix's default, see
+    /// [`FallbackPolicy::default_for`]).
+    pub fallback: Option<FallbackPolicy>,
 }
 
 impl QuantizeOptions {
@@ -86,6 +96,7 @@ impl QuantizeOptions {
             threads: 0,
             force: false,
             report: false,
+            fallback: None,
         }
     }
 }
@@ -129,7 +140,10 @@ pub fn quantize_model(
     if let Some(n) = opts.promote {
         mix.promote = n;
     }
-    let mut plan = plan::make_plan(&file, &opts.input, &mix, opts.rotation)?;
+    let policy = opts
+        .fallback
+        .unwrap_or_else(|| FallbackPolicy::default_for(mix.kind));
+    let mut plan = plan::make_plan(&file, &opts.input, &mix, opts.rotation, policy)?;
     // Refuse an existing output before the long ranking pass, not after it.
     if opts.output.exists() && !opts.force {
         return Err(QuantizeError::OutputExists(opts.output.clone()));
@@ -146,6 +160,7 @@ pub fn quantize_model(
         opts.threads
     };
 
+    resolve_fallbacks(&file, &mut plan, threads, progress, cancel)?;
     let ranked = promote(
         &file,
         &opts.output,
@@ -212,6 +227,22 @@ pub fn quantize_model(
         )
         .map_err(write_err)?;
     }
+    let fallbacks: Vec<String> = plan
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.fallback
+                .as_ref()
+                .map(|f| format!("{}={}", t.name(), f.label()))
+        })
+        .collect();
+    if !fallbacks.is_empty() {
+        w.add_metadata(
+            KEY_FALLBACK,
+            Value::Array(gguf_io::Array::String(fallbacks)),
+        )
+        .map_err(write_err)?;
+    }
     for t in &plan.tensors {
         w.add_tensor_info(t.name(), t.encoder.out_type(), &t.dims)
             .map_err(write_err)?;
@@ -241,6 +272,7 @@ pub fn quantize_model(
             role: t.role,
             ty: t.encoder.target.ggml().name(),
             simulated: t.encoder.simulated,
+            fallback: t.fallback.clone(),
             promoted: t.promoted,
             params: t.params(),
             bytes: t.out_bytes(),
@@ -310,6 +342,44 @@ fn encode_one(
     encode_tensor(&input, &t.encoder, &job)
 }
 
+/// Measures and fixes the type of every tensor whose K-quant cannot tile K
+/// ([`fallback::choose`]); PN choices take the file's rotation.
+fn resolve_fallbacks(
+    file: &GgufFile,
+    plan: &mut plan::ModelPlan,
+    threads: usize,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    cancel: &AtomicBool,
+) -> Result<(), QuantizeError> {
+    let pending: Vec<usize> = (0..plan.tensors.len())
+        .filter(|&i| plan.tensors[i].fallback_from.is_some())
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    // An upper bound: the intended type plus at most four candidates per tensor.
+    progress(Progress::Phase {
+        label: "fallback",
+        total_bytes: pending.iter().map(|&i| plan.tensors[i].in_bytes * 5).sum(),
+    });
+    for i in pending {
+        let t = &plan.tensors[i];
+        let Some(intended) = t.fallback_from else {
+            continue;
+        };
+        progress(Progress::Tensor { name: t.name() });
+        let choice = fallback::choose(t.name(), t.encoder.k, intended, plan.rotation, |enc| {
+            let mut probe = t.clone();
+            probe.encoder = enc.clone();
+            encode_one(file, &probe, false, false, None, threads, progress, cancel).map(|r| r.1)
+        })?;
+        let t = &mut plan.tensors[i];
+        t.encoder = fallback::encoder_for(t.name(), t.encoder.k, choice.chosen, plan.rotation);
+        t.fallback = Some(choice);
+    }
+    Ok(())
+}
+
 /// What the ranking pass leaves behind: the promoted names, and the encoded bytes of every
 /// pn3t tensor that stays pn3t, spilled to a hidden temporary file beside the output (so the
 /// main pass does not quantize them twice, and memory stays bounded).
@@ -353,6 +423,8 @@ fn promote(
     };
     let candidates: Vec<usize> = (0..plan.tensors.len())
         .filter(|&i| plan.tensors[i].encoder.target == Target::Pn3t)
+        // A fallback type is chosen for quality parity, not ranked for promotion.
+        .filter(|&i| plan.tensors[i].fallback.is_none())
         // A promoted tensor must also hold whole pn4t blocks.
         .filter(|&i| plan.tensors[i].encoder.k.is_multiple_of(64))
         .collect();

@@ -1,7 +1,9 @@
-//! The per-tensor plan: role, target type, rotation, and whether the stock type is simulated.
+//! The per-tensor plan: role, target type, rotation, and what happens to a K-quant whose
+//! super-block does not tile K (a measured real fallback, or an F32 simulation).
 
 use super::codec::{input_supported, RowEncoder};
 use super::error::QuantizeError;
+use super::fallback::{FallbackChoice, FallbackPolicy};
 use super::mix::{classify, Mix, Role, Target};
 use super::rotation::{self, RotationChoice};
 use gguf_io::{GgmlType, GgufFile};
@@ -24,6 +26,11 @@ pub struct TensorPlan {
     pub encoder: RowEncoder,
     /// True if promoted from pn3t to pn4t.
     pub promoted: bool,
+    /// Set when the mix's K-quant cannot tile K and [`FallbackPolicy::Real`] is in force:
+    /// the K-quant asked for (until [`super::resolve_fallbacks`] measures and picks a type).
+    pub fallback_from: Option<GgmlType>,
+    /// The measured fallback decision, once made.
+    pub fallback: Option<FallbackChoice>,
 }
 
 impl TensorPlan {
@@ -90,6 +97,7 @@ pub fn make_plan(
     path: &Path,
     mix: &Mix,
     rotation: RotationChoice,
+    policy: FallbackPolicy,
 ) -> Result<ModelPlan, QuantizeError> {
     let hidden = check_arch(file, path)?;
     let mut tensors = Vec::new();
@@ -123,8 +131,12 @@ pub fn make_plan(
                     ),
                 });
             }
-            Target::Stock(_) => !fits,
+            Target::Stock(_) => !fits && policy == FallbackPolicy::Simulate,
             _ => false,
+        };
+        let fallback_from = match target {
+            Target::Stock(t) if !fits && policy == FallbackPolicy::Real => Some(t),
+            _ => None,
         };
         let in_bytes = info.n_bytes;
         tensors.push(TensorPlan {
@@ -141,6 +153,8 @@ pub fn make_plan(
                 simulated,
             },
             promoted: false,
+            fallback_from,
+            fallback: None,
         });
     }
     let rotated: Vec<(&str, u64)> = tensors

@@ -2,6 +2,7 @@
 //! relative errors for the quality report.
 
 use super::codec::ErrStats;
+use super::fallback::FallbackChoice;
 use super::mix::Role;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,6 +18,9 @@ pub struct TensorResult {
     pub ty: &'static str,
     /// True if stored as an F32 stand-in of `ty` (the type's block does not divide K).
     pub simulated: bool,
+    /// The measured real fallback, when the mix's K-quant could not tile K (`ty` is then the
+    /// chosen type).
+    pub fallback: Option<FallbackChoice>,
     /// True if promoted from pn3t to pn4t.
     pub promoted: bool,
     /// Weights.
@@ -91,6 +95,8 @@ impl QuantizeSummary {
             for t in &ts {
                 let label = if t.simulated {
                     format!("{} (simulated as f32)", t.ty)
+                } else if let Some(f) = &t.fallback {
+                    format!("{} (for {})", t.ty, f.intended.name())
                 } else {
                     t.ty.to_string()
                 };
@@ -136,6 +142,30 @@ impl QuantizeSummary {
             let _ = writeln!(
                 s,
                 "note: 'simulated' tensors have a K that the stock type's 256-weight block does not divide;\n      they are stored as F32 values of the zero-padded quantization (quality stand-in), and\n      sizes above count the intended type."
+            );
+        }
+        s
+    }
+
+    /// One line per fallback decision: the K-quant asked for and its error on the padded rows,
+    /// every candidate tried with its error, and the type written. Empty when there were none.
+    pub fn fallback_table(&self) -> String {
+        let mut s = String::new();
+        for t in &self.tensors {
+            let Some(f) = &t.fallback else { continue };
+            let tried: Vec<String> = f
+                .tried
+                .iter()
+                .map(|(ty, rel)| format!("{} {:.4e}", ty.name(), rel))
+                .collect();
+            let _ = writeln!(
+                s,
+                "fallback {}: {} cannot tile K (rel_err {:.4e} on padded rows); tried {}; wrote {}",
+                t.name,
+                f.intended.name(),
+                f.intended_rel,
+                tried.join(", "),
+                f.chosen.ggml().name()
             );
         }
         s

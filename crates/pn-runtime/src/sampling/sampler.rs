@@ -153,6 +153,70 @@ impl Sampler {
     /// NaN logits count as minus infinity. If no allowed id has a finite logit, the lowest
     /// allowed id is returned (0 if the mask allows none of `logits`).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        match self.filter(logits, history) {
+            Filtered::Token(id) => id,
+            Filtered::Candidates => {
+                let probs = softmax(&self.cand, self.params.temperature);
+                let u = self.rng.next_f64();
+                let mut cum = 0.0;
+                for (c, q) in self.cand.iter().zip(&probs) {
+                    cum += q;
+                    if u < cum {
+                        return c.0;
+                    }
+                }
+                // Rounding left the sum just below 1: the last candidate takes the rest.
+                self.cand.last().map(|c| c.0).unwrap_or(0)
+            }
+        }
+    }
+
+    /// The distribution [`sample`](Self::sample) would draw from, after every stage (mask,
+    /// penalties, top-k, top-p, min-p, temperature), written into `out` without drawing. Greedy
+    /// decoding (and logits with no finite allowed entry) give a single token of probability 1.
+    /// Speculative sampling compares the target's and the drafter's distributions with it.
+    pub fn distribution(&mut self, logits: &mut [f32], history: &[u32], out: &mut TokenDist) {
+        out.reset(logits.len());
+        match self.filter(logits, history) {
+            Filtered::Token(id) => out.push(id, 1.0),
+            Filtered::Candidates => {
+                let probs = softmax(&self.cand, self.params.temperature);
+                for (c, q) in self.cand.iter().zip(probs) {
+                    out.push(c.0, q);
+                }
+            }
+        }
+    }
+
+    /// Draws a token from `dist` with this sampler's random stream (in the distribution's
+    /// support order). A single-token distribution takes no random number, so greedy
+    /// speculative decoding consumes none. An empty distribution gives 0.
+    pub fn draw(&mut self, dist: &TokenDist) -> u32 {
+        match dist.support.as_slice() {
+            [] => 0,
+            [only] => *only,
+            support => {
+                let u = self.rng.next_f64() * dist.total();
+                let mut cum = 0.0;
+                for &id in support {
+                    cum += dist.probs[id as usize];
+                    if u < cum {
+                        return id;
+                    }
+                }
+                support[support.len() - 1]
+            }
+        }
+    }
+
+    /// A uniform number in `[0, 1)` from this sampler's random stream (acceptance tests).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Mask, penalties and truncation: either the answer (greedy, nothing allowed) or the
+    /// surviving candidates in `self.cand`.
+    fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Filtered {
         self.mask.apply(logits);
         for l in logits.iter_mut() {
             if l.is_nan() {
@@ -163,7 +227,7 @@ impl Sampler {
             apply_penalties(&self.params, logits, history);
         }
         if self.params.temperature <= 0.0 {
-            return argmax(logits).unwrap_or_else(|| self.fallback(logits.len()));
+            return Filtered::Token(argmax(logits).unwrap_or_else(|| self.fallback(logits.len())));
         }
 
         let p = &self.params;
@@ -176,7 +240,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, l)),
         );
         if self.cand.is_empty() {
-            return self.fallback(logits.len());
+            return Filtered::Token(self.fallback(logits.len()));
         }
         if p.top_k > 0 && p.top_k < self.cand.len() {
             self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
@@ -206,21 +270,80 @@ impl Sampler {
             let floor = f64::from(max) + f64::from(p.min_p).ln();
             self.cand.retain(|c| f64::from(c.1) >= floor);
         }
-        let probs = softmax(&self.cand, p.temperature);
-        let u = self.rng.next_f64();
-        let mut cum = 0.0;
-        for (c, q) in self.cand.iter().zip(&probs) {
-            cum += q;
-            if u < cum {
-                return c.0;
-            }
-        }
-        // Rounding left the sum just below 1: the last candidate takes the rest.
-        self.cand.last().map(|c| c.0).unwrap_or(0)
+        Filtered::Candidates
     }
 
     fn fallback(&self, n: usize) -> u32 {
         (0..n as u32).find(|&id| self.mask.allows(id)).unwrap_or(0)
+    }
+}
+
+/// What the filtering stages left.
+enum Filtered {
+    /// The choice is made (greedy, or nothing allowed).
+    Token(u32),
+    /// `Sampler::cand` holds the candidates to draw from.
+    Candidates,
+}
+
+/// A probability distribution over token ids: dense probabilities (for lookups by id) and the
+/// ids with non-zero probability in draw order. Reused across calls without reallocating.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenDist {
+    probs: Vec<f64>,
+    support: Vec<u32>,
+}
+
+impl TokenDist {
+    /// An empty distribution.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Empties it for a vocabulary of `n` ids (clears only the entries in use).
+    pub fn reset(&mut self, n: usize) {
+        for &id in &self.support {
+            if let Some(p) = self.probs.get_mut(id as usize) {
+                *p = 0.0;
+            }
+        }
+        self.support.clear();
+        self.probs.resize(n, 0.0);
+    }
+
+    /// Adds probability `p` to `id` (ids outside the vocabulary and `p <= 0` are ignored).
+    pub fn push(&mut self, id: u32, p: f64) {
+        let Some(slot) = self.probs.get_mut(id as usize) else {
+            return;
+        };
+        if p <= 0.0 || p.is_nan() {
+            return;
+        }
+        if *slot == 0.0 {
+            self.support.push(id);
+        }
+        *slot += p;
+    }
+
+    /// Probability of `id` (0 outside the support).
+    pub fn prob(&self, id: u32) -> f64 {
+        self.probs.get(id as usize).copied().unwrap_or(0.0)
+    }
+
+    /// Number of ids it covers (the vocabulary size it was reset for).
+    pub fn vocab(&self) -> usize {
+        self.probs.len()
+    }
+
+    /// Ids with non-zero probability, in draw order.
+    pub fn support(&self) -> &[u32] {
+        &self.support
+    }
+
+    /// Sum of the probabilities (1 up to rounding for a sampler's distribution; the residual
+    /// of speculative sampling is left unnormalised).
+    pub fn total(&self) -> f64 {
+        self.support.iter().map(|&id| self.probs[id as usize]).sum()
     }
 }
 

@@ -15,8 +15,74 @@
 //! row for `x_{p+1}` pairs with the trunk's post-norm `h_p` at position `p + 1`, and the first
 //! token has no row, so the MTP cache holds `pos - 1` rows between steps.
 
+//!
+//! Inside the engine ([`SpecDecoder`], used by a session's generation) the same step works for
+//! sampling too: drafts are drawn from the MTP head's distribution `q` after the sampler's
+//! transforms, and accepted by the standard speculative-sampling rule ([`accept`]), so the
+//! output has exactly the target's distribution.
+
+pub mod accept;
 mod decode;
+mod session_decoder;
 mod stats;
 
+pub use accept::AcceptRule;
 pub use decode::{greedy_generate, plain_greedy, Drafter, SpecError};
+pub use session_decoder::SpecDecoder;
 pub use stats::SpecStats;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Draft tokens per step when speculation is on and none is given. Each draft costs one MTP
+/// step and one more verification row; 2 balances that against the acceptance of a trained
+/// MTP head (the chance that the k-th draft survives falls off geometrically).
+pub const DEFAULT_DRAFT: usize = 2;
+
+/// Whether and how generation drafts tokens ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculation {
+    /// Plain decoding: one trunk pass per token.
+    None,
+    /// Draft up to `draft` tokens per step with the model's MTP head (plain decoding when the
+    /// model has no MTP block).
+    Mtp {
+        /// Most draft tokens per step.
+        draft: usize,
+    },
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation::Mtp {
+            draft: DEFAULT_DRAFT,
+        }
+    }
+}
+
+/// An unknown `--spec` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown speculation mode `{0}` (expected mtp or none)")]
+pub struct UnknownSpeculation(pub String);
+
+impl FromStr for Speculation {
+    type Err = UnknownSpeculation;
+
+    /// `mtp` (with [`DEFAULT_DRAFT`] drafts) or `none`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mtp" => Ok(Speculation::default()),
+            "none" | "off" => Ok(Speculation::None),
+            _ => Err(UnknownSpeculation(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Speculation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Speculation::None => write!(f, "none"),
+            Speculation::Mtp { draft } => write!(f, "mtp (draft {draft})"),
+        }
+    }
+}

@@ -18,9 +18,14 @@ use pool::Pool;
 use std::sync::Mutex;
 use weight::RowKind;
 
-/// Input rows at or above which a matrix row is decoded to f32 once and reused for every input
-/// row (instead of a fused quantized dot per input row).
-const DECODE_ROWS_MIN: usize = 4;
+/// Input rows at or above which a quantized matrix row is decoded to f32 once and reused for
+/// every input row. Below it, the fused multi-vector dot products (`pn_format::dot::matvec_multi`,
+/// `gguf_io::quants::vec_dot_f32_multi`) unpack each weight block once for all input rows, so a
+/// pass for a few tokens (MTP verification of 2..5 rows, small batches) streams the weights once.
+const DECODE_ROWS_MIN: usize = 9;
+
+/// Input rows one fused multi-vector call takes (the kernels' register budget).
+const MULTI_ROWS: usize = 8;
 
 /// Tokens at or above which the GDN layer uses the chunked delta-rule form.
 pub const GDN_CHUNKED_MIN_TOKENS: usize = 16;
@@ -36,6 +41,8 @@ pub struct CpuBackend {
     /// Activations prepared for PN rows (int16 per block), per PN type and input row; reused
     /// across calls so the buffers are allocated once.
     pn_acts: Mutex<[Vec<PreparedI16>; 2]>,
+    /// Input rows at or above which quantized rows are decoded once (see [`DECODE_ROWS_MIN`]).
+    decode_rows_min: usize,
 }
 
 fn pn_index(ty: PnType) -> usize {
@@ -78,7 +85,15 @@ impl CpuBackend {
             scratch: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
             gdn_chunked: true,
             pn_acts: Mutex::new([Vec::new(), Vec::new()]),
+            decode_rows_min: DECODE_ROWS_MIN,
         }
+    }
+
+    /// Sets the input-row count from which quantized matrix rows are decoded to f32 once and
+    /// reused (below it: fused multi-vector dot products). For benchmarks and tests that compare
+    /// the two paths; the default is tuned for decode and speculative verification.
+    pub fn set_decode_rows_min(&mut self, rows: usize) {
+        self.decode_rows_min = rows.max(1);
     }
 
     /// Enables or disables the chunked delta-rule form for long inputs (for testing both).
@@ -332,7 +347,7 @@ impl Backend for CpuBackend {
             *slot = (Some(*w), SyncPtr(y.as_mut_ptr()));
         }
         let targets = &targets[..outs.len()];
-        let direct = rows < DECODE_ROWS_MIN;
+        let direct = rows < self.decode_rows_min;
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
         if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
@@ -626,8 +641,8 @@ impl Backend for CpuBackend {
     }
 }
 
-/// `y[t, r] = w_r . x_t` with the fused per-type dot product (one weight row read per input row;
-/// fastest for one or a few input rows).
+/// `y[t, r] = w_r . x_t` with the fused per-type dot product, each weight row multiplied with up
+/// to [`MULTI_ROWS`] input rows per call (fastest for a few input rows, and for f32 weights).
 fn matmul_direct(
     w: &CpuWeight,
     x: &[f32],
@@ -635,11 +650,30 @@ fn matmul_direct(
     y: SyncPtr,
     range: std::ops::Range<usize>,
 ) -> Result<(), ModelError> {
+    let k = w.cols;
+    if rows == 1 {
+        // Decode: the single-vector kernel straight away (no per-row grouping overhead, which
+        // shows on small matrices).
+        for r in range {
+            let v = w.dot_row(r, &x[..k])?;
+            // SAFETY: row `r` of the output belongs to this thread only.
+            unsafe { *y.get().add(r) = v };
+        }
+        return Ok(());
+    }
+    let mut vals = [0f32; MULTI_ROWS];
     for r in range {
-        for t in 0..rows {
-            let v = w.dot_row(r, &x[t * w.cols..(t + 1) * w.cols])?;
-            // SAFETY: row `r` of every output row `t` belongs to this thread only.
-            unsafe { *y.get().add(t * w.rows + r) = v };
+        for t0 in (0..rows).step_by(MULTI_ROWS) {
+            let n = (rows - t0).min(MULTI_ROWS);
+            let xs: [&[f32]; MULTI_ROWS] = std::array::from_fn(|j| {
+                let t = t0 + j.min(n - 1);
+                &x[t * k..(t + 1) * k]
+            });
+            w.dot_rows(r, &xs[..n], &mut vals[..n])?;
+            for (j, &v) in vals[..n].iter().enumerate() {
+                // SAFETY: row `r` of every output row `t` belongs to this thread only.
+                unsafe { *y.get().add((t0 + j) * w.rows + r) = v };
+            }
         }
     }
     Ok(())
@@ -676,7 +710,8 @@ fn matmul_decoded(
     Ok(())
 }
 
-/// PN rows against prepared activations (one per input row), via `pn_format::dot::matvec`.
+/// PN rows against prepared activations (one per input row), via
+/// `pn_format::dot::matvec_multi`: every weight block is read once for all input rows.
 fn matmul_pn(
     w: &CpuWeight,
     ty: PnType,
@@ -686,18 +721,28 @@ fn matmul_pn(
 ) -> Result<(), ModelError> {
     let rb = w.row_bytes;
     let bytes = &w.bytes()[range.start * rb..range.end * rb];
-    for (t, a) in acts.iter().enumerate() {
-        // SAFETY: rows `range` of output row `t` belong to this thread only; in bounds because
-        // the output holds `rows * w.rows` floats (checked by `matmul`).
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
-        };
-        pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(|e| {
-            ModelError::BadTensorData {
-                name: w.name().into(),
-                reason: format!("rows {range:?}: {e}"),
-            }
-        })?;
+    let pn_err = |e: pn_format::PnError| ModelError::BadTensorData {
+        name: w.name().into(),
+        reason: format!("rows {range:?}: {e}"),
+    };
+    if let [a] = acts {
+        // SAFETY: as below, for the single output row.
+        let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
+        return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
+    }
+    for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
+        let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
+        for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
+            let t = g * MULTI_ROWS + j;
+            // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
+            // every other `outs` entry, which are other output rows); in bounds because the
+            // output holds `rows * w.rows` floats (checked by `matmul`).
+            *o = unsafe {
+                std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
+            };
+        }
+        pn_format::dot::matvec_multi(ty, bytes, range.len(), group, &mut outs[..group.len()])
+            .map_err(pn_err)?;
     }
     Ok(())
 }

@@ -151,6 +151,28 @@ impl CpuWeight {
         }
     }
 
+    /// `out[j] = row(r) . xs[j]`, decoding the row once for all vectors (stock types; PN rows go
+    /// through prepared activations in `matmul_pn`, and here fall back to one dot per vector).
+    pub(crate) fn dot_rows(
+        &self,
+        r: usize,
+        xs: &[&[f32]],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let row = self.row(r);
+        match self.kind {
+            RowKind::Stock(ty) => {
+                gguf_io::quants::vec_dot_f32_multi(ty, row, xs, out).map_err(|e| self.err(r, e))
+            }
+            RowKind::Pn(_) => {
+                for (o, x) in out.iter_mut().zip(xs) {
+                    *o = self.dot_row(r, x)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Decodes row `r` to f32 into `dst` (`cols` floats).
     pub(crate) fn decode_row(&self, r: usize, dst: &mut [f32]) -> Result<(), ModelError> {
         let row = self.row(r);

@@ -13,9 +13,14 @@
 //! ```
 //!
 //! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
-//! the repetitions.
+//! the repetitions. With speculative decoding on (`--spec mtp`, the default for a model with an
+//! MTP block) a tg test is a greedy generation with drafting, and its object also has `spec`
+//! (`"mtp"`), `n_draft`, `spec_acceptance` (accepted / drafted) and `spec_tokens_per_pass`.
 
 use crate::engine_args::{self, ModelArgs};
+use pn_runtime::engine::StopConditions;
+use pn_runtime::sampling::SamplingParams;
+use pn_runtime::speculative::SpecStats;
 use pn_runtime::Engine;
 use serde::Serialize;
 use std::time::Instant;
@@ -88,6 +93,18 @@ pub struct BenchResult {
     pub samples_ts: Vec<f64>,
     /// Nanoseconds of each repetition.
     pub samples_ns: Vec<u64>,
+    /// tg tests with speculative decoding: "mtp".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
+    /// Most drafts per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_draft: Option<usize>,
+    /// Accepted / drafted tokens over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_acceptance: Option<f64>,
+    /// Tokens per target (verification) pass over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_tokens_per_pass: Option<f64>,
 }
 
 /// Deterministic, ordinary (non-special) token ids to feed.
@@ -113,14 +130,19 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Times one test: `n_prompt` tokens in one call, or `n_gen` single-token calls, after `depth`.
+/// With speculative decoding on, a tg test is a greedy generation of `n_gen` tokens instead
+/// (drafted and verified), and the summed speculation counters come back too.
 fn run_test(
     engine: &Engine,
     depth: usize,
     n_prompt: usize,
     n_gen: usize,
     reps: usize,
-) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
+) -> Result<(Vec<u64>, Option<SpecStats>), Box<dyn std::error::Error>> {
     let mut session = engine.session()?;
+    if n_gen > 0 && n_prompt == 0 && session.speculation_mut().is_some() {
+        return run_spec_tg(engine, depth, n_gen, reps);
+    }
     let mut samples = Vec::with_capacity(reps);
     let ctx_tokens = bench_tokens(engine, depth, 1);
     let prompt = bench_tokens(engine, n_prompt, 2);
@@ -143,7 +165,48 @@ fn run_test(
             samples.push(ns.max(1));
         }
     }
-    Ok(samples)
+    Ok((samples, None))
+}
+
+/// A tg test with speculative decoding: greedy generation (end tokens ignored) after `depth`
+/// context tokens plus one start token (not timed).
+fn run_spec_tg(
+    engine: &Engine,
+    depth: usize,
+    n_gen: usize,
+    reps: usize,
+) -> Result<(Vec<u64>, Option<SpecStats>), Box<dyn std::error::Error>> {
+    let mut session = engine.session()?;
+    let mut samples = Vec::with_capacity(reps);
+    let mut total = SpecStats::default();
+    let start = [bench_tokens(engine, depth, 1), bench_tokens(engine, 1, 3)].concat();
+    for rep in 0..=reps {
+        session.reset();
+        session.feed(&start)?;
+        let stop = StopConditions {
+            max_tokens: Some(n_gen),
+            ignore_eog: true,
+            ..StopConditions::default()
+        };
+        let t0 = Instant::now();
+        let mut g = session.generate(Vec::new(), SamplingParams::greedy(), stop)?;
+        for e in g.by_ref() {
+            e?;
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        if rep > 0 {
+            samples.push(ns.max(1));
+            if let Some(s) = g.spec_stats() {
+                total.target_passes += s.target_passes;
+                total.drafted += s.drafted;
+                total.accepted += s.accepted;
+                total.generated += s.generated;
+                total.rollbacks += s.rollbacks;
+                total.replayed += s.replayed;
+            }
+        }
+    }
+    Ok((samples, Some(total)))
 }
 
 /// Runs the subcommand.
@@ -158,7 +221,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .max()
         .unwrap_or(0);
     if model_args.ctx_size == 0 {
-        model_args.ctx_size = max_depth + max_len;
+        // + room for the start token and the drafts of a speculative tg test.
+        model_args.ctx_size = max_depth + max_len + 8;
     }
     let engine = engine_args::load_engine(&model_args, true)?;
     let reps = args.repetitions.max(1);
@@ -179,7 +243,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut results = Vec::new();
     for (d, p, n) in tests {
-        let samples_ns = run_test(&engine, d, p, n, reps)?;
+        let (samples_ns, spec) = run_test(&engine, d, p, n, reps)?;
         let tokens = (p + n) as f64;
         let samples_ts: Vec<f64> = samples_ns
             .iter()
@@ -211,14 +275,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             stddev_ts,
             samples_ts,
             samples_ns,
+            spec: spec.map(|_| "mtp".to_string()),
+            n_draft: spec.map(|_| model_args.draft),
+            spec_acceptance: spec.map(|s| s.acceptance_rate()),
+            spec_tokens_per_pass: spec.map(|s| s.tokens_per_pass()),
         };
         if args.output == "md" {
             if results.is_empty() {
                 println!("| model | size | params | backend | threads | test | t/s |");
                 println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
             }
+            let spec_note = match (r.spec_acceptance, r.spec_tokens_per_pass) {
+                (Some(a), Some(t)) => format!(
+                    " (mtp N={}: acceptance {:.1}%, {t:.2} tokens/pass)",
+                    model_args.draft,
+                    100.0 * a
+                ),
+                _ => String::new(),
+            };
             println!(
-                "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
+                "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2}{spec_note} |",
                 r.model,
                 r.model_size as f64 / (1u64 << 20) as f64,
                 r.model_n_params as f64 / 1e6,

@@ -1,7 +1,9 @@
 //! `pn chat`: interactive multi-turn chat through the model's chat template.
 //!
-//! `/reset` starts a new conversation, `/exit` (or end of input) quits; Ctrl-C during a reply
-//! stops that reply and keeps the session, Ctrl-C at the prompt quits.
+//! `/reset` starts a new conversation (and empties the prompt cache), `/exit` (or end of input)
+//! quits; Ctrl-C during a reply stops that reply and keeps the session, Ctrl-C at the prompt
+//! quits. After each reply a line on stderr says how many prompt tokens were processed and how
+//! many were reused from the session (its state or a prompt-cache checkpoint).
 
 use crate::engine_args::{self, ModelArgs, SamplingArgs};
 use pn_runtime::chat_template::ChatMessage;
@@ -115,5 +117,14 @@ fn stream_reply(
     if let Some(pn_runtime::FinishReason::Cancelled) = generation.finish_reason() {
         eprintln!("(stopped)");
     }
+    let t = generation.timings();
+    eprintln!(
+        "[prompt: {} tokens processed, {} reused, {:.1} ms | reply: {} tokens, {:.2} tokens/s]",
+        t.prompt_tokens,
+        t.prompt_reused,
+        t.prompt_time.as_secs_f64() * 1e3,
+        t.generated_tokens,
+        t.generation_tokens_per_sec(),
+    );
     Ok(reply)
 }

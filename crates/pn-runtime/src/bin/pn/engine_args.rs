@@ -2,7 +2,9 @@
 //! and loading the engine with a progress bar.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pn_runtime::engine::{Device, Engine, EngineOptions, KvType, LoadProgress, ProgressFn};
+use pn_runtime::engine::{
+    Device, Engine, EngineOptions, KvType, LoadProgress, ProgressFn, Speculation,
+};
 use pn_runtime::sampling::SamplingParams;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -28,6 +30,44 @@ pub struct ModelArgs {
     /// KV cache type for V: f32, f16, q8_0 or q4_0.
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f32")]
     pub cache_type_v: KvType,
+    /// Speculative decoding: mtp (draft with the model's MTP head; plain decoding for a model
+    /// without one) or none.
+    #[arg(long = "spec", default_value = "mtp", value_parser = ["mtp", "none"])]
+    pub spec: String,
+    /// Most tokens drafted per step with --spec mtp.
+    #[arg(long = "draft", default_value_t = pn_runtime::speculative::DEFAULT_DRAFT)]
+    pub draft: usize,
+    /// Prompt cache: most recurrent-state checkpoints a session keeps (0: off; a new prompt
+    /// then reuses the session only when it extends it).
+    #[arg(long = "ctx-checkpoints", default_value_t = pn_runtime::engine::DEFAULT_PROMPT_CACHE_CHECKPOINTS)]
+    pub ctx_checkpoints: usize,
+    /// Prompt cache: a checkpoint every N prompt tokens (0: only at turn starts and prompt ends).
+    #[arg(long = "checkpoint-interval", default_value_t = pn_runtime::engine::DEFAULT_PROMPT_CACHE_INTERVAL)]
+    pub checkpoint_interval: usize,
+}
+
+impl ModelArgs {
+    /// The speculative decoding setting of `--spec` and `--draft`.
+    pub fn speculation(&self) -> Speculation {
+        match self.spec.as_str() {
+            "mtp" if self.draft > 0 => Speculation::Mtp { draft: self.draft },
+            _ => Speculation::None,
+        }
+    }
+}
+
+/// A summary of a generation's speculative decoding for timing lines (empty when off).
+pub fn spec_summary(stats: Option<pn_runtime::speculative::SpecStats>) -> String {
+    match stats {
+        Some(s) => format!(
+            " | spec: acceptance {:.1}% ({}/{} drafts), {:.2} tokens/target pass",
+            100.0 * s.acceptance_rate(),
+            s.accepted,
+            s.drafted,
+            s.tokens_per_pass()
+        ),
+        None => String::new(),
+    }
 }
 
 /// Sampling flags.
@@ -122,7 +162,7 @@ pub fn load_engine(
         None if allow_demo => {
             eprintln!(
                 "pn: no model given (-m), using the built-in DEMO model: a 17M-parameter Qwen3.5-architecture\n\
-                 pn: model trained on Python source ({}).\n\
+                 pn: model trained on Python source, quantized to PN3 ({}).\n\
                  pn: To run a real model: pn run -m /path/to/Qwen3.8-27B-PN3.gguf -p \"...\"",
                 pn_runtime::DEMO_MODEL_PATH
             );
@@ -136,6 +176,9 @@ pub fn load_engine(
         kv_type_k: args.cache_type_k,
         kv_type_v: args.cache_type_v,
         threads: args.threads,
+        speculation: args.speculation(),
+        prompt_cache_checkpoints: args.ctx_checkpoints,
+        prompt_cache_interval: args.checkpoint_interval,
         ..EngineOptions::default()
     };
     let pb = bar(1, "{msg} {bar:40} {percent}%");

@@ -12,6 +12,7 @@ mod logits;
 mod perplexity;
 mod quantize;
 mod run;
+mod serve;
 mod template;
 mod tokenize;
 
@@ -66,6 +67,8 @@ enum Command {
     Bench(bench::Args),
     /// Perplexity on a text or token file; --kl-base for KL against saved logits.
     Perplexity(perplexity::Args),
+    /// OpenAI-compatible HTTP server (chat, completions, streaming, metrics).
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,7 +3,7 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::quantize::{
-    quantize_model, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
+    quantize_model, FallbackPolicy, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +32,13 @@ pub struct Args {
     /// Importance matrix (llama.cpp imatrix, GGUF or legacy .dat) to weight the promotion ranking.
     #[arg(long)]
     pub imatrix: Option<PathBuf>,
+    /// For a K-quant (Q3_K/Q4_K) whose 256-weight super-block does not divide a tensor's row
+    /// length: `real` stores the smallest of pn3t, pn4t, Q8_0, F16 whose measured error is at
+    /// most 1.25x the K-quant's; `simulate` stores F32 values of the zero-padded K-quant (a
+    /// quality stand-in counted at the K-quant's size). Default: real for the PN mixes,
+    /// simulate for the stock baselines (q3k-like, all-*).
+    #[arg(long, value_parser = parse_fallback)]
+    pub kquant_fallback: Option<FallbackPolicy>,
     /// Worker threads (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -44,6 +51,11 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+}
+
+fn parse_fallback(s: &str) -> Result<FallbackPolicy, String> {
+    FallbackPolicy::parse(s)
+        .ok_or_else(|| format!("unknown fallback `{s}` (expected real or simulate)"))
 }
 
 /// Runs `pn quantize`.
@@ -60,6 +72,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     opts.threads = args.threads;
     opts.force = args.force;
     opts.report = args.report;
+    opts.fallback = args.kquant_fallback;
 
     // Ctrl-C only raises a flag: the workers stop, the temporary file is removed, and the
     // error says so. A second Ctrl-C while unwinding is not needed: the flag is checked per row.
@@ -111,6 +124,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if !summary.promoted.is_empty() {
         println!("promoted to pn4t: {}", summary.promoted.join(", "));
     }
+    print!("{}", summary.fallback_table());
     print!("{}", summary.size_table());
     println!("wrote {}", args.output.display());
     Ok(())

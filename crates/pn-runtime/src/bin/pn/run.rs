@@ -69,13 +69,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     writeln!(out)?;
     let t = generation.timings();
     eprintln!(
-        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s) | stop: {}",
+        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s){} | stop: {}",
         t.prompt_tokens,
         t.prompt_time.as_secs_f64() * 1e3,
         t.prompt_tokens_per_sec(),
         t.generated_tokens,
         t.generation_time.as_secs_f64() * 1e3,
         t.generation_tokens_per_sec(),
+        engine_args::spec_summary(generation.spec_stats()),
         generation
             .finish_reason()
             .map_or_else(|| "none".to_string(), |r| format!("{r:?}")),

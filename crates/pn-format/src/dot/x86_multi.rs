@@ -1,0 +1,337 @@
+//! x86-64 kernels for one weight row against several int16-prepared activation vectors at once:
+//! the codes of a block are unpacked once and multiplied with every vector, so a pass over the
+//! weights serves up to [`super::multi::MAX_ACTS`] inputs (MTP verification, small batches).
+//!
+//! Same safety contract as `x86`: the CPU has the enabled features, `row` holds `nb` blocks and
+//! every activation set was prepared for `nb` blocks of the same type (i16 values padded to an
+//! even block count, per-block tables padded to a multiple of 16 blocks).
+
+use crate::types::{PnType, BLOCK_BYTES};
+use std::arch::x86_64::*;
+
+/// The raw buffers of one prepared activation vector.
+#[derive(Clone, Copy)]
+pub struct ActPtrs {
+    /// Quantized values (kernel order).
+    pub xq: *const i16,
+    /// Per-block activation scales.
+    pub sx: *const f32,
+    /// Per-block `z * sum(q)`.
+    pub zq: *const f32,
+}
+
+/// Reads `n <= 16` block scales (raw fp16) starting at block `b` into a zero-padded table.
+#[inline(always)]
+unsafe fn scale_bits(row: *const u8, b: usize, n: usize) -> [u16; 16] {
+    let mut hs = [0u16; 16];
+    for (i, h) in hs.iter_mut().enumerate().take(n) {
+        *h = std::ptr::read_unaligned(row.add(BLOCK_BYTES * (b + i)) as *const u16);
+    }
+    hs
+}
+
+/// Pointer to the 32 code bytes of block `b`.
+#[inline(always)]
+unsafe fn words(row: *const u8, b: usize) -> *const u8 {
+    row.add(BLOCK_BYTES * b + 2)
+}
+
+/// Dispatches a runtime activation count `1..=8` to a kernel monomorphised for it.
+macro_rules! by_count {
+    ($m:expr, $f:ident::<$($g:tt),*>($($arg:expr),*)) => {
+        match $m {
+            1 => $f::<$($g,)* 1>($($arg),*),
+            2 => $f::<$($g,)* 2>($($arg),*),
+            3 => $f::<$($g,)* 3>($($arg),*),
+            4 => $f::<$($g,)* 4>($($arg),*),
+            5 => $f::<$($g,)* 5>($($arg),*),
+            6 => $f::<$($g,)* 6>($($arg),*),
+            7 => $f::<$($g,)* 7>($($arg),*),
+            _ => $f::<$($g,)* 8>($($arg),*),
+        }
+    };
+}
+
+/// Repeats `$body` with `$i` bound to each constant `0..$n` (`$n <= 8`, a constant): the
+/// per-vector accumulators and the code registers are then indexed by literals, which keeps
+/// them in registers (a loop over an array index would keep the arrays on the stack).
+macro_rules! unroll {
+    ($i:ident < $n:expr, $body:block) => {
+        unroll!(@ $i, $n, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $i:ident, $n:expr, $body:block, $($k:literal)*) => {
+        $(
+            if $k < $n {
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------- AVX-512
+
+/// `out[m] = dot(row, acts[m])` for `acts.len()` in `1..=8` (AVX-512BW, VNNI optional).
+pub unsafe fn multi_i16_avx512<const VNNI: bool>(
+    ty: PnType,
+    row: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    let m = acts.len();
+    if VNNI && has_vbmi() {
+        return match ty {
+            PnType::Pn3t => by_count!(m, vbmi512::<3, 5>(row, nb, acts, out)),
+            PnType::Pn4t => by_count!(m, vbmi512::<4, 4>(row, nb, acts, out)),
+        };
+    }
+    match (ty, VNNI) {
+        (PnType::Pn3t, true) => by_count!(m, vnni512::<3, 5>(row, nb, acts, out)),
+        (PnType::Pn4t, true) => by_count!(m, vnni512::<4, 4>(row, nb, acts, out)),
+        (PnType::Pn3t, false) => by_count!(m, bw512::<3, 5>(row, nb, acts, out)),
+        (PnType::Pn4t, false) => by_count!(m, bw512::<4, 4>(row, nb, acts, out)),
+    }
+}
+
+/// Whether the CPU has AVX-512 VBMI (`vpmultishiftqb`), cached by std.
+#[inline]
+fn has_vbmi() -> bool {
+    is_x86_feature_detected!("avx512vbmi")
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+unsafe fn vbmi512<const BITS: u32, const S: usize, const M: usize>(
+    row: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    body512::<BITS, S, M, true, true>(row, nb, acts, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn vnni512<const BITS: u32, const S: usize, const M: usize>(
+    row: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    body512::<BITS, S, M, true, false>(row, nb, acts, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn bw512<const BITS: u32, const S: usize, const M: usize>(
+    row: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    body512::<BITS, S, M, false, false>(row, nb, acts, out)
+}
+
+/// Multiply-accumulate of 32 i16 code/activation pairs into 16 i32 lanes.
+#[inline(always)]
+unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m512i {
+    if VNNI {
+        // Inline asm: for a generic target LLVM splits `_mm512_dpwssd_epi32` into
+        // `vpmaddwd` + `vpaddd` (its tuning assumes a slow VNNI unit), which costs an extra
+        // vector uop per 32 multiply-adds; the kernels are bound by those uops.
+        dpwssd_asm(acc, c, x)
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(c, x))
+    }
+}
+
+/// `vpdpwssd` as written (see `madd512`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(super) unsafe fn dpwssd_asm(mut acc: __m512i, c: __m512i, x: __m512i) -> __m512i {
+    std::arch::asm!(
+        "vpdpwssd {acc}, {c}, {x}",
+        acc = inout(zmm_reg) acc,
+        c = in(zmm_reg) c,
+        x = in(zmm_reg) x,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// The codes of two blocks (even block in the low 256 bits), split into `S` registers of 32
+/// int16 lanes: register `j` holds pair `j` of every word, the order `layout::i16_index` uses.
+///
+/// With `VBMI`, pairs `j >= 1` come from `vpmultishiftqb` (which runs on the shuffle port)
+/// instead of a 32-bit shift (which competes with `vpdpwssd` for the multiply port): each 16-bit
+/// lane's low byte takes the 8 bits at the code's offset in its qword, and the mask keeps the code.
+#[inline(always)]
+unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>(w: __m512i) -> [__m512i; S] {
+    let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
+    let mut c = [_mm512_setzero_si512(); S];
+    unroll!(j < S, {
+        let shifted = if j == 0 {
+            w
+        } else if VBMI {
+            // Lane L (0..4) of a qword: its code j starts at bit 16 L + BITS j.
+            let sh = (BITS as usize * j) as i64;
+            let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
+            _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
+        } else {
+            _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
+        };
+        c[j] = _mm512_and_si512(shifted, mask);
+    });
+    c
+}
+
+#[inline(always)]
+unsafe fn body512<
+    const BITS: u32,
+    const S: usize,
+    const M: usize,
+    const VNNI: bool,
+    const VBMI: bool,
+>(
+    p: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    debug_assert!(acts.len() == M && out.len() == M);
+    let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
+    let mut t = [_mm512_setzero_ps(); M];
+    // Lanes 0..8 select the even block's scale, 8..16 the odd block's.
+    let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(16);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i));
+        let mut dsx = [_mm512_setzero_ps(); M];
+        unroll!(m < M, {
+            dsx[m] = _mm512_mul_ps(dv, _mm512_loadu_ps(a[m].sx.add(b)));
+            // The `z * sum(q)` correction goes into the same accumulator: only the sum of all
+            // lanes matters, not which lane holds what.
+            t[m] = _mm512_fnmadd_ps(dsx[m], _mm512_loadu_ps(a[m].zq.add(b)), t[m]);
+        });
+        let mut i = 0;
+        while i < n {
+            let w0 = _mm256_loadu_si256(words(p, b + i) as *const __m256i);
+            // The last block of an odd count: zero upper half (its padding activations are 0).
+            let w = if i + 1 < n {
+                let w1 = _mm256_loadu_si256(words(p, b + i + 1) as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1)
+            } else {
+                _mm512_zextsi256_si512(w0)
+            };
+            let c = codes512::<BITS, S, VBMI>(w);
+            let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
+            let off = (b + i) / 2 * S * 32;
+            unroll!(m < M, {
+                let x = a[m].xq.add(off);
+                let mut acc = _mm512_setzero_si512();
+                unroll!(j < S, {
+                    let xj = _mm512_loadu_si512(x.add(32 * j) as *const _);
+                    acc = madd512::<VNNI>(acc, c[j], xj);
+                });
+                let dvec = _mm512_permutexvar_ps(idx, dsx[m]);
+                t[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), dvec, t[m]);
+            });
+            i += 2;
+        }
+        b += n;
+    }
+    unroll!(m < M, {
+        out[m] = _mm512_reduce_add_ps(t[m]);
+    });
+}
+
+// ---------------------------------------------------------------- AVX2
+
+/// Vectors per AVX2 pass: five codes, five accumulators and the temporaries fill the sixteen
+/// registers (MTP verification takes up to five rows).
+const AVX2_GROUP: usize = 5;
+
+/// `out[m] = dot(row, acts[m])` for `acts.len()` in `1..=8` on AVX2 (more than
+/// [`AVX2_GROUP`] vectors are done in two passes over the row, which is then in L1).
+pub unsafe fn multi_i16_avx2(
+    ty: PnType,
+    row: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    for (a, o) in acts.chunks(AVX2_GROUP).zip(out.chunks_mut(AVX2_GROUP)) {
+        match (ty, a.len()) {
+            (PnType::Pn3t, 1) => avx2::<3, 5, 1>(row, nb, a, o),
+            (PnType::Pn3t, 2) => avx2::<3, 5, 2>(row, nb, a, o),
+            (PnType::Pn3t, 3) => avx2::<3, 5, 3>(row, nb, a, o),
+            (PnType::Pn3t, 4) => avx2::<3, 5, 4>(row, nb, a, o),
+            (PnType::Pn3t, _) => avx2::<3, 5, 5>(row, nb, a, o),
+            (PnType::Pn4t, 1) => avx2::<4, 4, 1>(row, nb, a, o),
+            (PnType::Pn4t, 2) => avx2::<4, 4, 2>(row, nb, a, o),
+            (PnType::Pn4t, 3) => avx2::<4, 4, 3>(row, nb, a, o),
+            (PnType::Pn4t, 4) => avx2::<4, 4, 4>(row, nb, a, o),
+            (PnType::Pn4t, _) => avx2::<4, 4, 5>(row, nb, a, o),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2<const BITS: u32, const S: usize, const M: usize>(
+    p: *const u8,
+    nb: usize,
+    acts: &[ActPtrs],
+    out: &mut [f32],
+) {
+    debug_assert!(acts.len() == M && out.len() == M);
+    let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
+    let mask = _mm256_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
+    let mut t = [_mm256_setzero_ps(); M];
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(8);
+        let hs = scale_bits(p, b, n);
+        let dv = _mm256_cvtph_ps(_mm_loadu_si128(hs.as_ptr() as *const __m128i));
+        let mut ds = [[0f32; 8]; M];
+        unroll!(m < M, {
+            let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(a[m].sx.add(b)));
+            t[m] = _mm256_fnmadd_ps(dsx, _mm256_loadu_ps(a[m].zq.add(b)), t[m]);
+            _mm256_storeu_ps(ds[m].as_mut_ptr(), dsx);
+        });
+        // `i` indexes every vector's scale table inside the unrolled body.
+        #[allow(clippy::needless_range_loop)]
+        for i in 0..n {
+            let bb = b + i;
+            let w = _mm256_loadu_si256(words(p, bb) as *const __m256i);
+            let mut c = [_mm256_setzero_si256(); S];
+            unroll!(j < S, {
+                c[j] = _mm256_and_si256(
+                    _mm256_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32)),
+                    mask,
+                );
+            });
+            let off = bb / 2 * S * 32 + (bb & 1) * 16;
+            unroll!(m < M, {
+                let x = a[m].xq.add(off);
+                let mut acc = _mm256_setzero_si256();
+                unroll!(j < S, {
+                    let xj = _mm256_loadu_si256(x.add(32 * j) as *const __m256i);
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(c[j], xj));
+                });
+                t[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(ds[m][i]), t[m]);
+            });
+        }
+        b += n;
+    }
+    unroll!(m < M, {
+        out[m] = hsum256(t[m]);
+    });
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}

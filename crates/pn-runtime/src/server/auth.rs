@@ -1,0 +1,79 @@
+//! `--api-key`: every route but `/health` needs `Authorization: Bearer KEY`, compared in
+//! constant time so the response time does not reveal how much of a guess was right.
+
+use super::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// Compares `given` with `expected` in time that depends only on `expected`'s length.
+pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, &e) in expected.iter().enumerate() {
+        // Index modulo so a shorter guess still costs one comparison per key byte.
+        let g = if given.is_empty() {
+            0
+        } else {
+            given[i % given.len()]
+        };
+        diff |= std::hint::black_box(g ^ e);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Whether the request's `Authorization` header carries `key`.
+pub fn authorized(headers: &axum::http::HeaderMap, key: &str) -> bool {
+    let Some(value) = headers.get(AUTHORIZATION) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    let token = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))
+        .unwrap_or(b"");
+    constant_time_eq(token.trim_ascii(), key.as_bytes())
+}
+
+/// Middleware: rejects requests without the key (when one is set) with a 401.
+pub async fn require_key(
+    State(key): State<Arc<Option<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match key.as_deref() {
+        Some(k) if request.uri().path() != "/health" && !authorized(request.headers(), k) => {
+            ApiError::unauthorized().into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    #[test]
+    fn equality() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret1", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(!constant_time_eq(b"sec", b""));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn bearer_header() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "k1"));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert!(authorized(&h, "k1"));
+        assert!(!authorized(&h, "k2"));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("k1"));
+        assert!(!authorized(&h, "k1"));
+    }
+}

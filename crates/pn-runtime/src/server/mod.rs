@@ -1,0 +1,217 @@
+//! `pn serve`: an OpenAI-compatible HTTP server.
+//!
+//! `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream` as server-sent
+//! events), `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Requests run
+//! on `parallel` slots, each a thread with its own [`Session`](crate::engine::Session); more
+//! wait in a bounded queue, beyond which the server answers 429 with `Retry-After`. A client
+//! that disconnects cancels its generation before the next token; a request that panics gets
+//! a 500 and the server goes on; SIGINT/SIGTERM stop accepting, let running generations finish
+//! for a grace period, then cancel them.
+//!
+//! ```no_run
+//! use pn_runtime::server::{serve, ServerConfig};
+//! use pn_runtime::{Engine, EngineOptions};
+//!
+//! let engine: &'static Engine =
+//!     Box::leak(Box::new(Engine::load(pn_runtime::DEMO_MODEL_PATH, EngineOptions::default())?));
+//! serve(engine, ServerConfig::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod metrics;
+pub mod reasoning;
+pub mod routes;
+pub mod scheduler;
+pub mod stream;
+
+use crate::engine::{Engine, EngineError};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to bind (127.0.0.1 by default: reachable from this machine only).
+    pub host: String,
+    /// Port (0: any free port; the bound address is printed).
+    pub port: u16,
+    /// Requests generated at the same time (one session each).
+    pub parallel: usize,
+    /// Requests that may wait for a slot before the server answers 429.
+    pub max_queue: usize,
+    /// Required `Authorization: Bearer` key.
+    pub api_key: Option<String>,
+    /// Model id (`/v1/models`); defaults to the file name without extension.
+    pub model_id: Option<String>,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// How long running generations may continue after SIGINT/SIGTERM before they are cancelled.
+    pub shutdown_grace: Duration,
+    /// Test hook: a prompt containing this text makes its slot panic.
+    pub panic_trigger: Option<String>,
+    /// Jinja chat template to use instead of the model's (its source text).
+    pub chat_template: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 4,
+            max_queue: 64,
+            api_key: None,
+            model_id: None,
+            max_body_bytes: 16 << 20,
+            shutdown_grace: Duration::from_secs(10),
+            panic_trigger: None,
+            chat_template: None,
+        }
+    }
+}
+
+/// Why the server could not run.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// Binding the address or serving failed.
+    #[error("server I/O on {addr}: {source}")]
+    Io {
+        /// The address.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Creating the sessions failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The chat template given with the configuration does not compile.
+    #[error("chat template: {0}")]
+    Template(#[from] crate::chat_template::ChatTemplateError),
+}
+
+/// Runs the server until SIGINT or SIGTERM. Prints `pn serve: listening on http://ADDR` on
+/// stdout once the socket is bound (with `port: 0`, ADDR has the port chosen).
+pub fn serve(engine: &'static Engine, config: ServerConfig) -> Result<(), ServerError> {
+    let addr = format!("{}:{}", config.host, config.port);
+    let io = |source| ServerError::Io {
+        addr: addr.clone(),
+        source,
+    };
+    // Two async threads are plenty: handlers only parse JSON and wait on channels, the model
+    // runs on the slot threads.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io)?;
+    runtime.block_on(run(engine, config, &addr))
+}
+
+async fn run(engine: &'static Engine, config: ServerConfig, addr: &str) -> Result<(), ServerError> {
+    let io = |source| ServerError::Io {
+        addr: addr.to_string(),
+        source,
+    };
+    let template = match &config.chat_template {
+        Some(source) => Some(
+            crate::chat_template::ChatTemplate::new(source)?
+                .with_special_tokens_of(engine.tokenizer()),
+        ),
+        None => None,
+    };
+    let metrics = Arc::new(metrics::Metrics::default());
+    let scheduler =
+        scheduler::Scheduler::start(engine, config.parallel, config.max_queue, metrics.clone())?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(io)?;
+    let bound = listener.local_addr().map_err(io)?;
+    let model_id = config.model_id.clone().unwrap_or_else(|| {
+        engine
+            .path()
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let state = Arc::new(routes::AppState {
+        engine,
+        scheduler: Arc::clone(&scheduler),
+        metrics,
+        model_id,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        panic_trigger: config.panic_trigger.clone(),
+        max_body_bytes: config.max_body_bytes,
+        template,
+    });
+    let app = routes::router(state, config.api_key.clone());
+    eprintln!(
+        "pn serve: model {} | {} slots of {} tokens | queue {} | api key {}",
+        engine.path().display(),
+        config.parallel.max(1),
+        engine.context(),
+        config.max_queue,
+        if config.api_key.is_some() {
+            "required"
+        } else {
+            "off"
+        },
+    );
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "pn serve: listening on http://{bound}");
+        let _ = out.flush();
+    }
+    let grace = config.shutdown_grace;
+    let shutdown = async move {
+        wait_for_signal().await;
+        let running = scheduler.begin_shutdown();
+        eprintln!(
+            "pn serve: shutting down: {running} generations running, cancelling them in {:.1} s",
+            grace.as_secs_f64()
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if scheduler.busy() > 0 {
+                eprintln!("pn serve: grace period over, cancelling running generations");
+            }
+            scheduler.cancel_all();
+            // Connections that still do not close (a client that stopped reading) must not
+            // keep the process alive.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            eprintln!("pn serve: connections still open after the grace period; exiting");
+            std::process::exit(0);
+        });
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(io)?;
+    eprintln!("pn serve: stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

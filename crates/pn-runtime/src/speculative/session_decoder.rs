@@ -1,0 +1,477 @@
+//! Speculative decoding inside a session: the MTP block's cache kept in step with prompt
+//! processing, one draft / verify / accept step, and rolling the state back to a prefix of the
+//! accepted run (when a generation stops in the middle of it).
+
+use super::accept::{judge, AcceptRule};
+use super::{Drafter, SpecStats, Speculation};
+use crate::sampling::{Sampler, TokenDist};
+use qwen_model::{Backend, Model, ModelError, Outputs, Snapshot, State, Workspace};
+
+/// What [`SpecDecoder::step`] must remember to roll back to a prefix of its accepted run.
+#[derive(Debug, Default)]
+struct Undo {
+    /// The step's run is valid (the state holds exactly `tokens` after `pos`).
+    valid: bool,
+    /// Trunk position before the verification pass (the snapshot's position).
+    pos: usize,
+    /// `[x_n, d_1..d_a]`: the tokens the state processed in the step.
+    tokens: Vec<u32>,
+    /// MTP cache length before the row of `x_n`.
+    mtp_base: usize,
+    /// Whether `x_n` got an MTP row (it needs the trunk's `h_{n-1}`, kept in `h_prev`).
+    x_row: bool,
+    h_prev: Vec<f32>,
+}
+
+/// Per-session speculative decoder: drafts with the model's MTP head (or a [`Drafter`]),
+/// verifies the drafts in one batched trunk pass and accepts them by speculative sampling.
+///
+/// MTP rows follow the vLLM/transformers convention (architecture reference section 6): the
+/// row of `x_{p+1}` pairs with the trunk's post-norm `h_p`; the MTP cache gets them while the
+/// prompt is processed ([`forward`](Self::forward)) and for every accepted token.
+pub struct SpecDecoder<B: Backend> {
+    n_draft: usize,
+    rule: AcceptRule,
+    drafter: Option<Box<dyn Drafter + Send>>,
+    use_mtp: bool,
+    /// The trunk's post-norm hidden state of position `h_for - 1`.
+    last_h: Vec<f32>,
+    h_for: Option<usize>,
+    snap: Option<Snapshot<B>>,
+    undo: Undo,
+    stats: SpecStats,
+    // Scratch buffers, reused across steps.
+    hbuf: Vec<f32>,
+    rows_h: Vec<f32>,
+    rows_t: Vec<u32>,
+    vl: Vec<f32>,
+    vh: Vec<f32>,
+    mtp_logits: Vec<f32>,
+    mtp_h: Vec<f32>,
+    chain_h: Vec<f32>,
+    hist: Vec<u32>,
+    q: Vec<TokenDist>,
+    p: TokenDist,
+    resid: TokenDist,
+}
+
+impl<B: Backend> std::fmt::Debug for SpecDecoder<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpecDecoder")
+            .field("n_draft", &self.n_draft)
+            .field("rule", &self.rule)
+            .field("mtp", &self.use_mtp)
+            .field("drafter", &self.drafter.is_some())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> SpecDecoder<B> {
+    /// The decoder `spec` asks for: `None` when speculation is off or the model has no MTP
+    /// block to draft with.
+    pub fn for_model(model: &Model<B>, spec: Speculation) -> Option<SpecDecoder<B>> {
+        match spec {
+            Speculation::Mtp { draft } if model.config.n_mtp > 0 && draft > 0 => {
+                Some(Self::new(model, draft))
+            }
+            _ => None,
+        }
+    }
+
+    /// A decoder drafting up to `n_draft` tokens per step (with the MTP head if the model has
+    /// one; set a [`Drafter`] otherwise).
+    pub fn new(model: &Model<B>, n_draft: usize) -> SpecDecoder<B> {
+        SpecDecoder {
+            n_draft,
+            rule: AcceptRule::Standard,
+            drafter: None,
+            use_mtp: model.config.n_mtp > 0,
+            last_h: vec![0.0; model.config.hidden],
+            h_for: None,
+            snap: None,
+            undo: Undo::default(),
+            stats: SpecStats::default(),
+            hbuf: Vec::new(),
+            rows_h: Vec::new(),
+            rows_t: Vec::new(),
+            vl: Vec::new(),
+            vh: Vec::new(),
+            mtp_logits: vec![0.0; model.config.vocab],
+            mtp_h: vec![0.0; model.config.hidden],
+            chain_h: vec![0.0; model.config.hidden],
+            hist: Vec::new(),
+            q: Vec::new(),
+            p: TokenDist::new(),
+            resid: TokenDist::new(),
+        }
+    }
+
+    /// Most tokens drafted per step.
+    pub fn n_draft(&self) -> usize {
+        self.n_draft
+    }
+
+    /// Sets the most tokens drafted per step (0 verifies nothing: plain decoding).
+    pub fn set_n_draft(&mut self, n: usize) {
+        self.n_draft = n;
+    }
+
+    /// Drafts with `drafter` instead of the MTP head (`None`: back to the MTP head). Drafts of
+    /// a [`Drafter`] count as certain (their distribution is a point mass).
+    pub fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter + Send>>) {
+        self.drafter = drafter;
+    }
+
+    /// Sets the acceptance rule (tests; [`AcceptRule::Standard`] is the only correct one).
+    pub fn set_rule(&mut self, rule: AcceptRule) {
+        self.rule = rule;
+    }
+
+    /// Counters since the last [`reset_stats`](Self::reset_stats).
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// The trunk's post-norm hidden state of position `pos - 1`, if this decoder carries it
+    /// (the state was last advanced through [`forward`](Self::forward) or a step ending at
+    /// `pos`). Prompt-cache checkpoints keep it so a restore can give the MTP head its row.
+    pub fn carried_hidden(&self, pos: usize) -> Option<&[f32]> {
+        (self.use_mtp && pos > 0 && self.h_for == Some(pos)).then_some(self.last_h.as_slice())
+    }
+
+    /// Sets (or, with `None`, forgets) the hidden state carried for the next MTP row after the
+    /// state was restored to position `pos` from a checkpoint.
+    pub fn set_carried_hidden(&mut self, at: Option<(usize, &[f32])>) {
+        self.undo.valid = false;
+        match at {
+            Some((pos, h)) if h.len() == self.last_h.len() => {
+                self.last_h.copy_from_slice(h);
+                self.h_for = Some(pos);
+            }
+            _ => self.h_for = None,
+        }
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&mut self) {
+        self.stats = SpecStats::default();
+    }
+
+    /// Runs the trunk over `tokens` like [`Model::forward`] (`out.logits` of the last row
+    /// only) and adds their rows to the MTP cache. The trunk's hidden states are needed for
+    /// that, so a multi-token call runs as two passes (all rows but the last without the LM
+    /// head, then the last with it).
+    pub fn forward(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        out: Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        self.undo.valid = false;
+        if !self.use_mtp || out.all_rows || out.layer_residuals.is_some() || tokens.is_empty() {
+            self.h_for = None;
+            return model.forward(state, ws, tokens, out);
+        }
+        let d = model.config.hidden;
+        let (pos0, r) = (state.pos(), tokens.len());
+        self.hbuf.resize(r * d, 0.0);
+        let (head, last) = self.hbuf.split_at_mut((r - 1) * d);
+        if r > 1 {
+            let o = Outputs {
+                hidden: Some(head),
+                all_rows: true,
+                ..Outputs::default()
+            };
+            model.forward(state, ws, &tokens[..r - 1], o)?;
+        }
+        let o = Outputs {
+            logits: out.logits,
+            hidden: Some(last),
+            all_rows: false,
+            layer_residuals: None,
+        };
+        model.forward(state, ws, &tokens[r - 1..], o)?;
+        // MTP rows (x_{p+1}, h_p): the first token pairs with the carried `h` (if it belongs
+        // to this sequence's previous position; otherwise its row is left out).
+        state.truncate_mtp(pos0.saturating_sub(1));
+        self.rows_t.clear();
+        self.rows_h.clear();
+        let with_first = pos0 > 0 && self.h_for == Some(pos0);
+        if with_first {
+            self.rows_t.push(tokens[0]);
+            self.rows_h.extend_from_slice(&self.last_h);
+        }
+        self.rows_t.extend_from_slice(&tokens[1..]);
+        self.rows_h.extend_from_slice(&self.hbuf[..(r - 1) * d]);
+        let rope0 = if with_first { pos0 } else { pos0 + 1 };
+        if !self.rows_t.is_empty() {
+            model.mtp_forward(
+                state,
+                ws,
+                &self.rows_t,
+                &self.rows_h,
+                rope0,
+                Outputs::default(),
+            )?;
+        }
+        self.last_h.copy_from_slice(&self.hbuf[(r - 1) * d..]);
+        self.h_for = Some(pos0 + r);
+        Ok(())
+    }
+
+    /// One speculative step. The state holds the sequence `history` (its processed tokens)
+    /// and `x_n` is the sampled token that follows it. Drafts up to `max_draft` (and at most
+    /// [`n_draft`](Self::n_draft)) tokens, verifies `[x_n, drafts]` in one trunk pass, and
+    /// returns the accepted drafts and the token after them (the replacement of the first
+    /// rejected draft, or the bonus token). The state then holds `history, x_n, accepted`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        sampler: &mut Sampler,
+        history: &[u32],
+        x_n: u32,
+        max_draft: usize,
+    ) -> Result<(Vec<u32>, u32), ModelError> {
+        self.undo.valid = false;
+        let (cfg, be) = (&model.config, &model.backend);
+        let (v, d) = (cfg.vocab, cfg.hidden);
+        let n = state.pos();
+        let k_max = max_draft.min(self.n_draft);
+        // Penalties see at most the last `penalty_last_n` tokens: keep only those.
+        let window = sampler.params().penalty_last_n;
+        self.hist.clear();
+        self.hist
+            .extend_from_slice(&history[history.len().saturating_sub(window)..]);
+        self.hist.push(x_n);
+        let base = self.hist.len();
+        let h_valid = self.use_mtp && n > 0 && self.h_for == Some(n);
+
+        // 1. Draft.
+        let mut drafts: Vec<u32> = Vec::with_capacity(k_max);
+        let mut mtp_after_x = None;
+        if k_max > 0 {
+            if let Some(dr) = self.drafter.as_deref_mut() {
+                let mut seq = history.to_vec();
+                seq.push(x_n);
+                drafts = dr.draft(&seq, k_max);
+                drafts.truncate(k_max);
+                drafts.retain(|&t| (t as usize) < v);
+                for (i, &t) in drafts.iter().enumerate() {
+                    if self.q.len() <= i {
+                        self.q.push(TokenDist::new());
+                    }
+                    self.q[i].reset(v);
+                    self.q[i].push(t, 1.0);
+                }
+            } else if h_valid {
+                state.truncate_mtp(n - 1);
+                let out = Outputs {
+                    logits: Some(&mut self.mtp_logits),
+                    hidden: Some(&mut self.mtp_h),
+                    all_rows: false,
+                    layer_residuals: None,
+                };
+                model.mtp_forward(state, ws, &[x_n], &self.last_h, n, out)?;
+                mtp_after_x = Some(state.mtp_len());
+                loop {
+                    let i = drafts.len();
+                    if self.q.len() <= i {
+                        self.q.push(TokenDist::new());
+                    }
+                    sampler.distribution(&mut self.mtp_logits, &self.hist, &mut self.q[i]);
+                    let t = sampler.draw(&self.q[i]);
+                    drafts.push(t);
+                    self.hist.push(t);
+                    if drafts.len() == k_max {
+                        break;
+                    }
+                    // Chain: the draft with the MTP block's own hidden state.
+                    self.chain_h.copy_from_slice(&self.mtp_h);
+                    let out = Outputs {
+                        logits: Some(&mut self.mtp_logits),
+                        hidden: Some(&mut self.mtp_h),
+                        all_rows: false,
+                        layer_residuals: None,
+                    };
+                    model.mtp_forward(state, ws, &[t], &self.chain_h, n + drafts.len(), out)?;
+                }
+                self.hist.truncate(base);
+            }
+        }
+        self.hist.extend_from_slice(&drafts);
+
+        // 2. Verify [x_n, drafts] in one trunk pass (all rows' logits and hidden states).
+        let k = drafts.len() + 1;
+        let mut batch = Vec::with_capacity(k);
+        batch.push(x_n);
+        batch.extend_from_slice(&drafts);
+        if k > 1 {
+            match self.snap.as_mut() {
+                Some(s) => state.snapshot_into(cfg, be, s),
+                None => self.snap = Some(state.snapshot(cfg, be)?),
+            }
+        }
+        self.vl.resize(k * v, 0.0);
+        self.vh.resize(k * d, 0.0);
+        let out = Outputs {
+            logits: Some(&mut self.vl[..k * v]),
+            hidden: Some(&mut self.vh[..k * d]),
+            all_rows: true,
+            layer_residuals: None,
+        };
+        model.forward(state, ws, &batch, out)?;
+        self.stats.target_passes += 1;
+        self.stats.drafted += drafts.len() as u64;
+
+        // 3. Accept: row `a` predicts the token after `batch[a]`.
+        let mut a = 0;
+        let next = loop {
+            let row = &mut self.vl[a * v..(a + 1) * v];
+            sampler.distribution(row, &self.hist[..base + a], &mut self.p);
+            if a == drafts.len() {
+                break sampler.draw(&self.p);
+            }
+            match judge(
+                self.rule,
+                sampler,
+                drafts[a],
+                &self.p,
+                &self.q[a],
+                &mut self.resid,
+            ) {
+                Ok(()) => a += 1,
+                Err(t) => break t,
+            }
+        };
+        self.stats.accepted += a as u64;
+        self.stats.generated += a as u64 + 1;
+
+        // 4. Roll back a rejected tail: restore the snapshot, re-run the accepted tokens.
+        if a < drafts.len() {
+            if let Some(s) = &self.snap {
+                state.restore(cfg, be, s);
+            }
+            model.forward(state, ws, &batch[..a + 1], Outputs::default())?;
+            self.stats.rollbacks += 1;
+            self.stats.replayed += a as u64 + 1;
+        }
+
+        // 5. MTP cache: drop the chained draft rows, add rows for x_n (if not made while
+        //    drafting) and for the accepted drafts with the target's hidden states.
+        if self.use_mtp {
+            self.rows_t.clear();
+            self.rows_h.clear();
+            let rope0;
+            match mtp_after_x {
+                Some(m) => {
+                    state.truncate_mtp(m);
+                    rope0 = n + 1;
+                }
+                None => {
+                    state.truncate_mtp(n.saturating_sub(1));
+                    if h_valid {
+                        self.rows_t.push(x_n);
+                        self.rows_h.extend_from_slice(&self.last_h);
+                        rope0 = n;
+                    } else {
+                        rope0 = n + 1;
+                    }
+                }
+            }
+            self.rows_t.extend_from_slice(&drafts[..a]);
+            self.rows_h.extend_from_slice(&self.vh[..a * d]);
+            let x_row = mtp_after_x.is_some() || h_valid;
+            self.undo.mtp_base = state.mtp_len() - usize::from(mtp_after_x.is_some());
+            self.undo.x_row = x_row;
+            if x_row {
+                self.undo.h_prev.clear();
+                self.undo.h_prev.extend_from_slice(&self.last_h);
+            }
+            if !self.rows_t.is_empty() {
+                model.mtp_forward(
+                    state,
+                    ws,
+                    &self.rows_t,
+                    &self.rows_h,
+                    rope0,
+                    Outputs::default(),
+                )?;
+            }
+            self.last_h.copy_from_slice(&self.vh[a * d..(a + 1) * d]);
+            self.h_for = Some(n + a + 1);
+        }
+        self.undo.valid = a > 0;
+        self.undo.pos = n;
+        self.undo.tokens.clear();
+        self.undo.tokens.extend_from_slice(&batch[..a + 1]);
+        Ok((drafts[..a].to_vec(), next))
+    }
+
+    /// After a [`step`](Self::step) that accepted `a` drafts, rolls the state back to
+    /// position `pos` inside its run `[x_n, d_1..d_a]` (keeping `1..=a` of those tokens): a
+    /// generation that stopped after emitting `d_keep` leaves its session holding `x_n` and
+    /// `d_1..d_{keep-1}`.
+    pub fn rollback_to(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        pos: usize,
+    ) -> Result<(), ModelError> {
+        let u = &self.undo;
+        let keep = pos.saturating_sub(u.pos);
+        if !u.valid
+            || pos <= u.pos
+            || keep >= u.tokens.len()
+            || state.pos() != u.pos + u.tokens.len()
+        {
+            return Err(ModelError::BadArgument(format!(
+                "speculative rollback to {keep} tokens of a run of {} is not possible",
+                u.tokens.len()
+            )));
+        }
+        let Some(snap) = &self.snap else {
+            return Err(ModelError::BadArgument(
+                "speculative rollback without a snapshot".into(),
+            ));
+        };
+        let (cfg, be, d) = (&model.config, &model.backend, model.config.hidden);
+        state.restore(cfg, be, snap);
+        model.forward(state, ws, &u.tokens[..keep], Outputs::default())?;
+        self.stats.replayed += keep as u64;
+        if self.use_mtp {
+            // The snapshot predates the step's MTP rows: write the kept ones again.
+            state.truncate_mtp(u.mtp_base);
+            self.rows_t.clear();
+            self.rows_h.clear();
+            if u.x_row {
+                self.rows_t.push(u.tokens[0]);
+                self.rows_h.extend_from_slice(&u.h_prev);
+            }
+            self.rows_t.extend_from_slice(&u.tokens[1..keep]);
+            self.rows_h.extend_from_slice(&self.vh[..(keep - 1) * d]);
+            let rope0 = if u.x_row { u.pos } else { u.pos + 1 };
+            if !self.rows_t.is_empty() {
+                model.mtp_forward(
+                    state,
+                    ws,
+                    &self.rows_t,
+                    &self.rows_h,
+                    rope0,
+                    Outputs::default(),
+                )?;
+            }
+            self.last_h
+                .copy_from_slice(&self.vh[(keep - 1) * d..keep * d]);
+            self.h_for = Some(u.pos + keep);
+        }
+        self.undo.valid = false;
+        Ok(())
+    }
+}
