@@ -165,9 +165,14 @@ fn check_greedy_equal(engine: &Engine, prompt: &[u32], n: usize) {
             assert_eq!(st.accepted, 0);
             assert!(st.rollbacks > 0);
             assert_eq!(st.target_passes as usize, n - 1);
+            // Drafts that are always wrong make drafting pause (the back-off).
+            if n > 8 {
+                assert!(st.paused_steps > 0, "{st:?}");
+            }
         } else {
             assert_eq!(st.accepted, st.drafted);
             assert_eq!(st.rollbacks, 0);
+            assert_eq!(st.paused_steps, 0);
             // The first token comes from the prompt pass, then 4 tokens per pass.
             assert_eq!(st.target_passes as usize, (n - 1).div_ceil(4));
         }

@@ -7,6 +7,62 @@ use super::{Drafter, SpecStats, Speculation};
 use crate::sampling::{Sampler, TokenDist};
 use qwen_model::{Backend, Model, ModelError, Outputs, Snapshot, State, Workspace};
 
+/// Drafting pauses while the running acceptance rate is below this. With rollback by
+/// recompute, a rejected draft costs a replay pass: on the 27B shape one draft per step only
+/// pays from about 60% acceptance, and a drafter that is never right (a random or mismatched
+/// MTP head) made decoding 2x slower before this back-off.
+pub const MIN_ACCEPTANCE: f32 = 0.5;
+/// Steps without drafting after the first low-acceptance verdict; doubles while probes keep
+/// failing, up to [`MAX_PAUSE`].
+const MIN_PAUSE: u32 = 8;
+const MAX_PAUSE: u32 = 128;
+/// Weight of the newest step in the running acceptance rate.
+const EMA_WEIGHT: f32 = 0.25;
+
+/// Deterministic back-off (it depends only on the accept/reject history, so a seeded run is
+/// reproducible): drafting stops for a while when drafts keep being rejected, then probes.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    ema: f32,
+    pause: u32,
+    next_pause: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            ema: 1.0,
+            pause: 0,
+            next_pause: MIN_PAUSE,
+        }
+    }
+}
+
+impl Backoff {
+    /// Whether this step may draft (counts down a pause).
+    fn may_draft(&mut self) -> bool {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Records a step that drafted `drafted > 0` tokens and accepted `accepted`.
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        let rate = accepted as f32 / drafted as f32;
+        self.ema = (1.0 - EMA_WEIGHT) * self.ema + EMA_WEIGHT * rate;
+        if self.ema < MIN_ACCEPTANCE {
+            self.pause = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
+            // The probe after the pause is judged on its own result, from just above the bar.
+            self.ema = MIN_ACCEPTANCE + EMA_WEIGHT * 0.5;
+        } else if rate >= MIN_ACCEPTANCE {
+            self.next_pause = MIN_PAUSE;
+        }
+    }
+}
+
 /// What [`SpecDecoder::step`] must remember to roll back to a prefix of its accepted run.
 #[derive(Debug, Default)]
 struct Undo {
@@ -40,6 +96,7 @@ pub struct SpecDecoder<B: Backend> {
     snap: Option<Snapshot<B>>,
     undo: Undo,
     stats: SpecStats,
+    backoff: Backoff,
     // Scratch buffers, reused across steps.
     hbuf: Vec<f32>,
     rows_h: Vec<f32>,
@@ -92,6 +149,7 @@ impl<B: Backend> SpecDecoder<B> {
             snap: None,
             undo: Undo::default(),
             stats: SpecStats::default(),
+            backoff: Backoff::default(),
             hbuf: Vec::new(),
             rows_h: Vec::new(),
             rows_t: Vec::new(),
@@ -154,8 +212,12 @@ impl<B: Backend> SpecDecoder<B> {
     }
 
     /// Zeroes the counters.
+    ///
+    /// The acceptance back-off starts afresh too (a generation starts at full drafting), so a
+    /// seeded generation does not depend on what the session generated before.
     pub fn reset_stats(&mut self) {
         self.stats = SpecStats::default();
+        self.backoff = Backoff::default();
     }
 
     /// Runs the trunk over `tokens` like [`Model::forward`] (`out.logits` of the last row
@@ -242,7 +304,12 @@ impl<B: Backend> SpecDecoder<B> {
         let (cfg, be) = (&model.config, &model.backend);
         let (v, d) = (cfg.vocab, cfg.hidden);
         let n = state.pos();
-        let k_max = max_draft.min(self.n_draft);
+        let k_max = if self.backoff.may_draft() {
+            max_draft.min(self.n_draft)
+        } else {
+            self.stats.paused_steps += 1;
+            0
+        };
         // Penalties see at most the last `penalty_last_n` tokens: keep only those.
         let window = sampler.params().penalty_last_n;
         self.hist.clear();
@@ -351,6 +418,9 @@ impl<B: Backend> SpecDecoder<B> {
         };
         self.stats.accepted += a as u64;
         self.stats.generated += a as u64 + 1;
+        if !drafts.is_empty() {
+            self.backoff.record(drafts.len(), a);
+        }
 
         // 4. Roll back a rejected tail: restore the snapshot, re-run the accepted tokens.
         if a < drafts.len() {
@@ -473,5 +543,40 @@ impl<B: Backend> SpecDecoder<B> {
         }
         self.undo.valid = false;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_pauses_doubles_and_recovers() {
+        let mut b = Backoff::default();
+        // Always rejected: 1.0 -> 0.75 -> 0.56 -> 0.42 < 0.5 on the third step.
+        for _ in 0..2 {
+            assert!(b.may_draft());
+            b.record(2, 0);
+            assert_eq!(b.pause, 0);
+        }
+        assert!(b.may_draft());
+        b.record(2, 0);
+        assert_eq!(b.pause, MIN_PAUSE);
+        for _ in 0..MIN_PAUSE {
+            assert!(!b.may_draft());
+        }
+        // A failed probe pauses twice as long.
+        assert!(b.may_draft());
+        b.record(2, 0);
+        assert_eq!(b.pause, 2 * MIN_PAUSE);
+        while !b.may_draft() {}
+        // A good probe ends the doubling; steady acceptance keeps drafting on.
+        b.record(2, 2);
+        assert_eq!(b.next_pause, MIN_PAUSE);
+        for _ in 0..50 {
+            assert!(b.may_draft());
+            b.record(2, 1);
+        }
+        assert_eq!(b.pause, 0);
     }
 }

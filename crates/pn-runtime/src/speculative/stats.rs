@@ -16,6 +16,9 @@ pub struct SpecStats {
     pub rollbacks: u64,
     /// Tokens the trunk re-ran after a rollback.
     pub replayed: u64,
+    /// Steps that did not draft because recent drafts were mostly rejected (the back-off of
+    /// [`MIN_ACCEPTANCE`](super::MIN_ACCEPTANCE)).
+    pub paused_steps: u64,
 }
 
 impl SpecStats {
