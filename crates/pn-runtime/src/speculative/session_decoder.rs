@@ -269,19 +269,32 @@ impl<B: Backend> SpecDecoder<B> {
         self.rows_t.extend_from_slice(&tokens[1..]);
         self.rows_h.extend_from_slice(&self.hbuf[..(r - 1) * d]);
         let rope0 = if with_first { pos0 } else { pos0 + 1 };
-        if !self.rows_t.is_empty() {
-            model.mtp_forward(
-                state,
-                ws,
-                &self.rows_t,
-                &self.rows_h,
-                rope0,
-                Outputs::default(),
-            )?;
-        }
+        self.add_mtp_rows(model, state, ws, rope0)?;
         self.last_h.copy_from_slice(&self.hbuf[(r - 1) * d..]);
         self.h_for = Some(pos0 + r);
         Ok(())
+    }
+
+    /// Adds the staged MTP rows (`rows_t` paired with `rows_h`, the first at RoPE position
+    /// `rope0`) to the MTP block's cache.
+    fn add_mtp_rows(
+        &self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        rope0: usize,
+    ) -> Result<(), ModelError> {
+        if self.rows_t.is_empty() {
+            return Ok(());
+        }
+        model.mtp_forward(
+            state,
+            ws,
+            &self.rows_t,
+            &self.rows_h,
+            rope0,
+            Outputs::default(),
+        )
     }
 
     /// One speculative step. The state holds the sequence `history` (its processed tokens)
@@ -463,16 +476,7 @@ impl<B: Backend> SpecDecoder<B> {
                 self.undo.h_prev.clear();
                 self.undo.h_prev.extend_from_slice(&self.last_h);
             }
-            if !self.rows_t.is_empty() {
-                model.mtp_forward(
-                    state,
-                    ws,
-                    &self.rows_t,
-                    &self.rows_h,
-                    rope0,
-                    Outputs::default(),
-                )?;
-            }
+            self.add_mtp_rows(model, state, ws, rope0)?;
             self.last_h.copy_from_slice(&self.vh[a * d..(a + 1) * d]);
             self.h_for = Some(n + a + 1);
         }
