@@ -1,17 +1,18 @@
-// Attention over a KV cache of f16, f32 or q8_0 rows, head_dim 256, GQA (q head h reads kv head
-// h / group).
+// Attention over a KV cache of f16, f32, q8_0 or q4_0 rows, head_dim 256, GQA (q head h reads kv
+// head h / group).
 //
-// Cache layout by strides (in cache elements: halves, floats, or bytes for q8_0): the row of kv
-// head g at position j starts at j*pos_stride + g*head_stride. A row is 256 values (f16/f32) or
-// 8 Q8_0 blocks of 32 (272 bytes). Head-major [n_kv][cap][row]: (row, cap*row); token-major
-// [cap][n_kv][row] (the CPU backend's): (n_kv*row, row). f16/f32 rows 16-byte aligned, q8_0
-// rows 2-byte aligned.
+// Cache layout by strides (in cache elements: halves, floats, or bytes for q8_0/q4_0): the row of
+// kv head g at position j starts at j*pos_stride + g*head_stride. A row is 256 values (f16/f32),
+// 8 Q8_0 blocks of 32 (272 bytes) or 8 Q4_0 blocks (144 bytes). Head-major [n_kv][cap][row]:
+// (row, cap*row); token-major [cap][n_kv][row] (the CPU backend's): (n_kv*row, row). f16/f32
+// rows 16-byte aligned, q8_0/q4_0 rows 2-byte aligned.
 // Split-K ("flash decoding"): grid (n_head, n_split, T). Split s of query t covers positions
 // [s*chunk, min(n_ctx_t, (s+1)*chunk)) with n_ctx_t = p0 + t + 1 (causal; T = 1 is decode).
 // Each warp takes every 8th position; lane l holds dims 8l..8l+8 (one 16-byte load per row), an
 // online softmax per warp, then the 8 warps are merged; attn_combine merges the splits.
 // Scores, softmax and the weighted sum are fp32; only K and V are stored in reduced precision.
 #include "common.cuh"
+#include "kv_blocks.cuh"
 
 #define ATT_D 256
 #define ATT_WARPS 8
@@ -52,8 +53,33 @@ extern "C" __global__ void __launch_bounds__(256) kv_store_q8_0(const float* __r
     kv_q8_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
 }
 
-// A Q8_0 KV cache is addressed in bytes; this wrapper type selects its loader.
+// Q4_0 rows as the CPU KV cache writes them (kv_blocks.cuh): lane d of warp w quantizes value d
+// of block w; every lane finds the block's scale by the same serial scan of its 32 inputs (cached
+// broadcast loads) so that the order of the CPU's fold is kept; lanes 0..15 pack their code with
+// the one of lane + 16.
+PN_DEV void kv_q4_0_store_one(const float* src, pn_u8* row, int d) {
+    const float dd = q4_0_kv_scale(q4_0_kv_signed_absmax(src + (d & ~31)));
+    const int c = q4_0_kv_code(src[d], q4_0_kv_inv_scale(dd));
+    const int c_hi = __shfl_down_sync(0xffffffffu, c, 16);
+    pn_u8* blk = row + (d >> 5) * PN_Q4_0_KV_BYTES;
+    const int l = d & 31;
+    if (l < 16) blk[2 + l] = q4_0_kv_pack(c, c_hi);
+    if (l == 0) *reinterpret_cast<pn_u16*>(blk) = pn_f32_to_f16_bits(dd);
+}
+extern "C" __global__ void __launch_bounds__(256) kv_store_q4_0(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
+                                                               pn_u8* __restrict__ kc, pn_u8* __restrict__ vc, long long pos_stride,
+                                                               long long head_stride, int p0) {
+    const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride;
+    kv_q4_0_store_one(k + t * tok_stride + g * ATT_D, kc + dst, d);
+    kv_q4_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
+}
+
+// Q8_0 and Q4_0 KV caches are addressed in bytes; these wrapper types select their loaders.
 struct pn_q8kv {
+    pn_u8 b;
+};
+struct pn_q4kv {
     pn_u8 b;
 };
 
@@ -86,6 +112,14 @@ PN_DEV void att_load8(const pn_q8kv* row, int lane, float* out) {
         out[2 * i] = d * (float)(pn_i8)(v & 0xff);
         out[2 * i + 1] = d * (float)(pn_i8)(v >> 8);
     }
+}
+// Q4_0 row: block lane/4 (18 bytes), values 8*(lane%4).. : the low (lane%4 < 2) or high nibbles
+// of bytes 8*(lane&1).., read as 4 aligned u16 (blocks are 2-byte aligned).
+PN_DEV void att_load8(const pn_q4kv* row, int lane, float* out) {
+    const pn_u8* blk = reinterpret_cast<const pn_u8*>(row) + (lane >> 2) * PN_Q4_0_KV_BYTES;
+    const pn_u16* q = reinterpret_cast<const pn_u16*>(blk + 2 + (lane & 1) * 8);
+    const pn_u32 w0 = (pn_u32)q[0] | ((pn_u32)q[1] << 16), w1 = (pn_u32)q[2] | ((pn_u32)q[3] << 16);
+    q4_0_kv_decode8(pn_f16_to_f32(*reinterpret_cast<const pn_u16*>(blk)), w0, w1, (lane >> 1) & 1, out);
 }
 
 // part_o[((t*n_head + h)*n_split + s)*256 + d], part_ml[((t*n_head + h)*n_split + s)*2 + {0,1}] = (max, sum).
@@ -153,6 +187,7 @@ __device__ void attn_partial(const float* __restrict__ q, long long q_tok_stride
 extern "C" __global__ void __launch_bounds__(256) attn_partial_f16kv(ATT_ARGS(__half)) { ATT_CALL; }
 extern "C" __global__ void __launch_bounds__(256) attn_partial_f32kv(ATT_ARGS(float)) { ATT_CALL; }
 extern "C" __global__ void __launch_bounds__(256) attn_partial_q8_0kv(ATT_ARGS(pn_q8kv)) { ATT_CALL; }
+extern "C" __global__ void __launch_bounds__(256) attn_partial_q4_0kv(ATT_ARGS(pn_q4kv)) { ATT_CALL; }
 
 // grid (n_head, T), block 256: o[t*o_tok_stride + h*256 + d] = merged attention output.
 extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int n_split,

@@ -2,14 +2,13 @@
 // each consecutive chunk of R values (R a power of two <= 1024) is replaced by H_R x / sqrt(R),
 // H_R Sylvester-ordered (the natural-order butterfly). One thread block per chunk; rows are
 // contiguous chunks, so T rows of K values are T*K/R chunks.
-#include "common.cuh"
+#include "hadamard.cuh"
 
 // In-place FWHT of every R-chunk of buf[0..n) (n a multiple of R), all threads of the block.
 PN_DEV void pn_fwht_smem(float* buf, int n, int R) {
     for (int h = 1; h < R; h <<= 1) {
         for (int k = threadIdx.x; k < n / 2; k += blockDim.x) {
-            const int c = k / (R / 2), kk = k % (R / 2);
-            const int i = c * R + (kk / h) * 2 * h + (kk % h), j = i + h;
+            const int i = pn_fwht_first(k, R, h), j = i + h;
             const float a = buf[i], b = buf[j];
             buf[i] = a + b;
             buf[j] = a - b;
@@ -20,7 +19,8 @@ PN_DEV void pn_fwht_smem(float* buf, int n, int R) {
 
 extern "C" {
 // Fused producer of a rotated activation: y = H(rms(x) * w) for one row per block
-// (blockIdx.x = row); dynamic shared memory n floats (n <= 12288).
+// (blockIdx.x = row); dynamic shared memory n floats (n <= 12256: with the 128-byte static
+// scratch that is the 48 KB a block gets without an opt-in).
 // y may be null: then the result overwrites x (each block reads its row fully before writing).
 __global__ void __launch_bounds__(512) rms_norm_hadamard_f32(const float* x, long long x_stride, float* y,
                                                              long long y_stride, const float* __restrict__ w, int n, float eps,

@@ -19,6 +19,9 @@ use std::sync::Arc;
 
 pub use cudarc;
 
+/// Value columns per block of the chunked delta-rule kernel (`PN_GDN_JB`).
+const DELTA_RULE_COLUMNS: usize = 32;
+
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> KernelError {
     move |e| KernelError::Driver {
         op,
@@ -35,8 +38,18 @@ unsafe impl cudarc::driver::DeviceRepr for Q8KvByte {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::ValidAsZeroBits for Q8KvByte {}
 
-/// Element type of a KV cache: `half::f16` (half the memory of f32), `f32`, or [`Q8KvByte`]
-/// (q8_0 rows: about a quarter of f32).
+/// One byte of a Q4_0 KV cache: each row of 256 values is 8 ggml Q4_0 blocks (144 bytes),
+/// quantized bit for bit as the CPU backend's q4_0 KV cache (`kernels/kv_blocks.cuh`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Q4KvByte(pub u8);
+// SAFETY: a plain byte, no padding, no invalid bit patterns, zero is a valid value.
+unsafe impl cudarc::driver::DeviceRepr for Q4KvByte {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::ValidAsZeroBits for Q4KvByte {}
+
+/// Element type of a KV cache: `half::f16` (half the memory of f32), `f32`, [`Q8KvByte`]
+/// (q8_0 rows: about a quarter of f32) or [`Q4KvByte`] (q4_0 rows: about an eighth).
 pub trait KvElem: cudarc::driver::DeviceRepr + private::Sealed {
     /// Kernel that appends K/V rows to a cache of this type.
     const STORE_KERNEL: &'static str;
@@ -65,8 +78,15 @@ impl KvElem for Q8KvByte {
     const ROW_ELEMS: usize = 272;
     const ALIGN_ELEMS: usize = 2;
 }
+impl KvElem for Q4KvByte {
+    const STORE_KERNEL: &'static str = "kv_store_q4_0";
+    const PARTIAL_KERNEL: &'static str = "attn_partial_q4_0kv";
+    const ROW_ELEMS: usize = 144;
+    const ALIGN_ELEMS: usize = 2;
+}
 mod private {
     pub trait Sealed {}
+    impl Sealed for super::Q4KvByte {}
     impl Sealed for half::f16 {}
     impl Sealed for f32 {}
     impl Sealed for super::Q8KvByte {}
@@ -695,8 +715,25 @@ impl Gpu {
         Ok(())
     }
 
-    /// Fused RMSNorm and rotation of `rows` rows of `n` (n <= 12288): `y = H_r(rms(x) * w)`,
-    /// one kernel instead of two on the decode path.
+    /// Longest row [`Gpu::rms_norm_hadamard`] takes: the row is staged in shared memory, which
+    /// holds 48 KB per block without an opt-in, 128 bytes of which are the kernel's static
+    /// reduction scratch (12256 floats).
+    pub const RMS_NORM_HADAMARD_MAX_N: usize = (48 * 1024 - 128) / 4;
+
+    /// Whether the fused rotation kernels take a rotation block of `r` over rows or runs of `n`
+    /// values ([`Gpu::swiglu_hadamard`]; [`Gpu::rms_norm_hadamard`] also needs
+    /// `n <= RMS_NORM_HADAMARD_MAX_N`): `r` a power of two in 2..=1024 dividing `n`, and one
+    /// thread block per chunk within the grid limit.
+    pub fn rotation_fits(n: usize, r: usize) -> bool {
+        r.is_power_of_two()
+            && (2..=1024).contains(&r)
+            && n > 0
+            && n.is_multiple_of(r)
+            && n / r <= i32::MAX as usize
+    }
+
+    /// Fused RMSNorm and rotation of `rows` rows of `n` (n <= [`Gpu::RMS_NORM_HADAMARD_MAX_N`]):
+    /// `y = H_r(rms(x) * w)`, one kernel instead of two on the decode path.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_hadamard(
         &self,
@@ -712,8 +749,11 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         const OP: &str = "rms_norm_hadamard";
         let (r_i, scale) = Self::hadamard_params(OP, n, r)?;
-        check(n <= 12288, OP, || {
-            format!("n = {n} exceeds 12288 (48 KB of shared memory)")
+        check(n <= Self::RMS_NORM_HADAMARD_MAX_N, OP, || {
+            format!(
+                "n = {n} exceeds {} (48 KB of shared memory)",
+                Self::RMS_NORM_HADAMARD_MAX_N
+            )
         })?;
         Self::check_rows(OP, x.len(), x_stride, y.len(), y_stride, n, rows)?;
         check(w.len() >= n, OP, || {
@@ -1220,9 +1260,9 @@ impl Gpu {
         t_len * n_head * n_split * (256 + 2)
     }
 
-    /// Causal GQA attention, head_dim 256, over f16 or f32 caches laid out as `kv` says, for
-    /// `t_len` queries at positions `p0..p0+t_len` (decode: `t_len = 1`; the caches already hold
-    /// positions `0..p0+t_len`). Query `t` head `h` is at
+    /// Causal GQA attention, head_dim 256, over f16, f32, q8_0 or q4_0 caches laid out as `kv`
+    /// says, for `t_len` queries at positions `p0..p0+t_len` (decode: `t_len = 1`; the caches
+    /// already hold positions `0..p0+t_len`). Query `t` head `h` is at
     /// `q[t*q_tok_stride + h*q_head_stride ..][..256]`; output `o[t*o_tok_stride + h*256 ..]`.
     /// Splits the context in chunks of `chunk` positions (split-K), merged by a second kernel;
     /// `scratch` holds [`Gpu::attention_scratch_len`] floats.
@@ -1365,9 +1405,65 @@ impl Gpu {
 
     /// Gated delta rule over `t_len` tokens for `n_v_heads` value heads of 128 (key heads of
     /// 128, head `p % n_k_heads`), fp32 state `[n_v_heads][128 (j)][128 (i)]` updated in place.
+    /// Walks the tokens one by one (exact recurrence): decode and short inputs.
     #[allow(clippy::too_many_arguments)]
     pub fn delta_rule(
         &self,
+        q: &CudaView<'_, f32>,
+        k: &CudaView<'_, f32>,
+        qk_stride: usize,
+        v: &CudaView<'_, f32>,
+        v_stride: usize,
+        beta_raw: &CudaView<'_, f32>,
+        alpha_raw: &CudaView<'_, f32>,
+        ab_stride: usize,
+        dt_bias: &CudaView<'_, f32>,
+        ssm_a: &CudaView<'_, f32>,
+        state: &mut CudaViewMut<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+        out_stride: usize,
+        n_v_heads: usize,
+        n_k_heads: usize,
+        t_len: usize,
+    ) -> Result<(), KernelError> {
+        self.delta_rule_launch(
+            false, q, k, qk_stride, v, v_stride, beta_raw, alpha_raw, ab_stride, dt_bias, ssm_a,
+            state, out, out_stride, n_v_heads, n_k_heads, t_len,
+        )
+    }
+
+    /// [`Gpu::delta_rule`] in the chunked form (chunks of [`crate::DELTA_RULE_CHUNK`] tokens, the tail
+    /// chunk shorter): same arguments, outputs and final state up to fp32 rounding, for prefill.
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_rule_chunked(
+        &self,
+        q: &CudaView<'_, f32>,
+        k: &CudaView<'_, f32>,
+        qk_stride: usize,
+        v: &CudaView<'_, f32>,
+        v_stride: usize,
+        beta_raw: &CudaView<'_, f32>,
+        alpha_raw: &CudaView<'_, f32>,
+        ab_stride: usize,
+        dt_bias: &CudaView<'_, f32>,
+        ssm_a: &CudaView<'_, f32>,
+        state: &mut CudaViewMut<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+        out_stride: usize,
+        n_v_heads: usize,
+        n_k_heads: usize,
+        t_len: usize,
+    ) -> Result<(), KernelError> {
+        self.delta_rule_launch(
+            true, q, k, qk_stride, v, v_stride, beta_raw, alpha_raw, ab_stride, dt_bias, ssm_a,
+            state, out, out_stride, n_v_heads, n_k_heads, t_len,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule_launch(
+        &self,
+        chunked: bool,
         q: &CudaView<'_, f32>,
         k: &CudaView<'_, f32>,
         qk_stride: usize,
@@ -1420,7 +1516,17 @@ impl Gpu {
         check(out.len() >= t1 * out_stride + n_v_heads * 128, OP, || {
             "out too short".into()
         })?;
-        let f = self.func("delta_rule", "delta_rule_f32")?;
+        let (module, kernel, grid) = if chunked {
+            let slices = (128 / DELTA_RULE_COLUMNS) as u32;
+            (
+                "delta_rule_chunked",
+                "delta_rule_chunked_f32",
+                (n_v_heads as u32, slices, 1),
+            )
+        } else {
+            ("delta_rule", "delta_rule_f32", (n_v_heads as u32, 1, 1))
+        };
+        let f = self.func(module, kernel)?;
         let (qks, vs, abs, os) = (
             qk_stride as i64,
             v_stride as i64,
@@ -1445,8 +1551,7 @@ impl Gpu {
             .arg(&nk)
             .arg(&t_i);
         // SAFETY: arguments as declared; lengths checked.
-        unsafe { b.launch(Self::cfg((n_v_heads as u32, 1, 1), 256, 0)) }
-            .map_err(drv("delta_rule_f32"))?;
+        unsafe { b.launch(Self::cfg(grid, 256, 0)) }.map_err(drv(kernel))?;
         Ok(())
     }
 

@@ -30,11 +30,71 @@ extern "C" {
         m: *mut i32,
     );
     pub fn pn_shim_q4_k_scale_min(s: *const u8, j: i32, sc: *mut i32, m: *mut i32);
+    pub fn pn_shim_q4_0_kv_quantize(x: *const f32, blk18: *mut u8);
+    pub fn pn_shim_q4_0_kv_part8(blk18: *const u8, part: i32, out: *mut f32);
+    pub fn pn_shim_f32_to_f16_bits(f: f32) -> u16;
+    pub fn pn_shim_gdn_gate(b: f32, al: f32, dt_bias: f32, a: f32, beta: *mut f32, g: *mut f32);
+    pub fn pn_shim_gdn_chunk() -> i32;
+    pub fn pn_shim_gdn_tri_row(idx: i32) -> i32;
+    pub fn pn_shim_fwht_first(k: i32, r: i32, h: i32) -> i32;
+    pub fn pn_shim_fwht_blocks(x: *mut f32, n: i32, r: i32, scale: f32);
+    #[allow(clippy::too_many_arguments)]
+    pub fn pn_shim_emu_delta_rule_chunked(
+        q: *const f32,
+        k: *const f32,
+        qk_stride: i64,
+        v: *const f32,
+        v_stride: i64,
+        b: *const f32,
+        al: *const f32,
+        ab_stride: i64,
+        dt_bias: *const f32,
+        ssm_a: *const f32,
+        state: *mut f32,
+        out: *mut f32,
+        out_stride: i64,
+        n_v_heads: i32,
+        n_k_heads: i32,
+        t: i32,
+    ) -> i32;
+    pub fn pn_shim_gdn_solve(mc: *const f32, beta: *const f32, u: *mut f32, c: i32);
+    #[allow(clippy::too_many_arguments)]
+    pub fn pn_shim_gdn_chunked_head(
+        q: *const f32,
+        k: *const f32,
+        qk_stride: i64,
+        v: *const f32,
+        v_stride: i64,
+        b: *const f32,
+        al: *const f32,
+        ab_stride: i64,
+        dt_bias: f32,
+        a: f32,
+        state: *mut f32,
+        out: *mut f32,
+        out_stride: i64,
+        t: i32,
+    );
 }
 
 /// Safe wrappers: each checks the buffer sizes the C side reads.
 pub mod safe {
     use super::*;
+
+    /// First element of butterfly `k` of the stage of span `h` (chunks of `r`), as the Hadamard
+    /// kernels pair them.
+    pub fn fwht_first(k: usize, r: usize, h: usize) -> usize {
+        // SAFETY: pure integer math.
+        unsafe { pn_shim_fwht_first(k as i32, r as i32, h as i32) as usize }
+    }
+
+    /// The Hadamard kernels' butterfly network over `x` (chunks of `r`, `x.len()` a multiple of
+    /// `r`), run serially on the host, then scaled by `scale`.
+    pub fn fwht_blocks(x: &mut [f32], r: usize, scale: f32) {
+        assert!(r >= 2 && r.is_power_of_two() && x.len().is_multiple_of(r));
+        // SAFETY: the shim touches x[0..len) only (pairs stay inside their chunk).
+        unsafe { pn_shim_fwht_blocks(x.as_mut_ptr(), x.len() as i32, r as i32, scale) }
+    }
 
     /// Decode block `blk` (0/1) of a 68-byte pair of PN blocks (`bits` 3 or 4).
     pub fn pn_dequant_pair_block(bits: u32, pair: &[u8; 68], blk: usize) -> Vec<f32> {
@@ -115,6 +175,27 @@ pub mod safe {
         // SAFETY: size checked.
         unsafe { pn_shim_q3_k_elem(b.as_ptr(), e as i32) }
     }
+    /// The q4_0 KV cache block of 32 values (18 bytes), as the store kernel writes it.
+    pub fn q4_0_kv_quantize(x: &[f32; 32]) -> [u8; 18] {
+        let mut b = [0u8; 18];
+        // SAFETY: 32 readable floats, 18 writable bytes.
+        unsafe { pn_shim_q4_0_kv_quantize(x.as_ptr(), b.as_mut_ptr()) };
+        b
+    }
+    /// The 32 values of a q4_0 KV block, decoded in the attention loader's four parts of 8.
+    pub fn q4_0_kv_dequantize(b: &[u8; 18]) -> [f32; 32] {
+        let mut out = [0f32; 32];
+        for (part, o) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: 18 readable bytes, part < 4, 8 writable floats.
+            unsafe { pn_shim_q4_0_kv_part8(b.as_ptr(), part as i32, o.as_mut_ptr()) };
+        }
+        out
+    }
+    /// f32 to f16 bits, rounded to nearest even (the kernels' written-out conversion).
+    pub fn f32_to_f16_bits(f: f32) -> u16 {
+        // SAFETY: pure function.
+        unsafe { pn_shim_f32_to_f16_bits(f) }
+    }
     /// Q4_K (scale, min) of sub-block `j` from the 12 scale bytes, and from them as three words.
     pub fn q4_k_scale_min_both(s: &[u8; 12], j: usize) -> ((i32, i32), (i32, i32)) {
         assert!(j < 8);
@@ -126,5 +207,127 @@ pub mod safe {
             pn_shim_q4_k_scale_min_words(w(0), w(1), w(2), j as i32, &mut c, &mut d);
         }
         ((a, b), (c, d))
+    }
+    /// `(beta, g)` of one token as the chunked delta-rule kernel computes them.
+    pub fn gdn_gate(b: f32, al: f32, dt_bias: f32, a: f32) -> (f32, f32) {
+        let (mut beta, mut g) = (0.0, 0.0);
+        // SAFETY: pure function with two f32 outputs.
+        unsafe { pn_shim_gdn_gate(b, al, dt_bias, a, &mut beta, &mut g) };
+        (beta, g)
+    }
+    /// Tokens per chunk of the chunked delta-rule kernel (`PN_GDN_C`).
+    pub fn gdn_chunk() -> usize {
+        // SAFETY: pure function.
+        unsafe { pn_shim_gdn_chunk() as usize }
+    }
+    /// Row of entry `idx` of a row-major lower triangle with its diagonal.
+    pub fn gdn_tri_row(idx: usize) -> usize {
+        // SAFETY: pure function.
+        unsafe { pn_shim_gdn_tri_row(idx as i32) as usize }
+    }
+    /// Forward substitution of one column of a chunk of `u.len()` tokens: `mc` is the
+    /// `C x (C + 1)` coefficient matrix, `u` the right-hand sides on entry and `U` on return.
+    pub fn gdn_solve(mc: &[f32], beta: &[f32], u: &mut [f32]) {
+        let c = gdn_chunk();
+        assert!(mc.len() >= c * (c + 1) && u.len() <= c && beta.len() >= u.len());
+        // SAFETY: sizes checked; the C side reads mc[..c*(c+1)], beta[..n], u[..n].
+        unsafe { pn_shim_gdn_solve(mc.as_ptr(), beta.as_ptr(), u.as_mut_ptr(), u.len() as i32) };
+    }
+    /// One value head of the chunked delta rule on the host: `q`, `k` rows of 128 at
+    /// `t * qk_stride`, `v` at `t * v_stride`, raw `b`/`al` at `t * ab_stride`, `state` 128 x 128
+    /// (row j holds S[.][j]), output rows of 128 at `t * out_stride`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_chunked_head(
+        q: &[f32],
+        k: &[f32],
+        qk_stride: usize,
+        v: &[f32],
+        v_stride: usize,
+        b: &[f32],
+        al: &[f32],
+        ab_stride: usize,
+        dt_bias: f32,
+        a: f32,
+        state: &mut [f32],
+        out: &mut [f32],
+        out_stride: usize,
+        t: usize,
+    ) {
+        assert!(t > 0 && state.len() >= 128 * 128);
+        let t1 = t - 1;
+        assert!(q.len() >= t1 * qk_stride + 128 && k.len() >= t1 * qk_stride + 128);
+        assert!(v.len() >= t1 * v_stride + 128 && out.len() >= t1 * out_stride + 128);
+        assert!(b.len() > t1 * ab_stride && al.len() > t1 * ab_stride);
+        // SAFETY: every length the C side reads or writes is checked above.
+        unsafe {
+            pn_shim_gdn_chunked_head(
+                q.as_ptr(),
+                k.as_ptr(),
+                qk_stride as i64,
+                v.as_ptr(),
+                v_stride as i64,
+                b.as_ptr(),
+                al.as_ptr(),
+                ab_stride as i64,
+                dt_bias,
+                a,
+                state.as_mut_ptr(),
+                out.as_mut_ptr(),
+                out_stride as i64,
+                t as i32,
+            )
+        };
+    }
+    /// The `delta_rule_chunked_f32` kernel's source run on the host by the SIMT emulator
+    /// (`host/simt_emu.h`), with the arguments of [`crate::Gpu::delta_rule_chunked`] as host
+    /// slices. `false` when the emulated threads deadlock on their barriers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn emu_delta_rule_chunked(
+        q: &[f32],
+        k: &[f32],
+        qk_stride: usize,
+        v: &[f32],
+        v_stride: usize,
+        b: &[f32],
+        al: &[f32],
+        ab_stride: usize,
+        dt_bias: &[f32],
+        ssm_a: &[f32],
+        state: &mut [f32],
+        out: &mut [f32],
+        out_stride: usize,
+        n_v_heads: usize,
+        n_k_heads: usize,
+        t: usize,
+    ) -> bool {
+        let (nv, d) = (n_v_heads, 128);
+        assert!(t > 0 && nv > 0 && n_k_heads > 0);
+        let t1 = t - 1;
+        assert!(q.len() >= t1 * qk_stride + n_k_heads * d);
+        assert!(k.len() >= t1 * qk_stride + n_k_heads * d);
+        assert!(v.len() >= t1 * v_stride + nv * d && out.len() >= t1 * out_stride + nv * d);
+        assert!(b.len() >= t1 * ab_stride + nv && al.len() >= t1 * ab_stride + nv);
+        assert!(dt_bias.len() >= nv && ssm_a.len() >= nv && state.len() >= nv * d * d);
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_shim_emu_delta_rule_chunked(
+                q.as_ptr(),
+                k.as_ptr(),
+                qk_stride as i64,
+                v.as_ptr(),
+                v_stride as i64,
+                b.as_ptr(),
+                al.as_ptr(),
+                ab_stride as i64,
+                dt_bias.as_ptr(),
+                ssm_a.as_ptr(),
+                state.as_mut_ptr(),
+                out.as_mut_ptr(),
+                out_stride as i64,
+                nv as i32,
+                n_k_heads as i32,
+                t as i32,
+            ) == 0
+        }
     }
 }

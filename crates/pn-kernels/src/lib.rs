@@ -1,7 +1,8 @@
 //! CUDA C kernels for sm_60 (the Tesla P100), compiled at build time, and thin launch wrappers.
 //!
 //! - `kernels/*.cu`: one file per op family (`pn_gemv`, `quant_gemv`, `get_rows`, `matmul`,
-//!   `hadamard`, `norm`, `rope`, `attention`, `conv1d`, `delta_rule`, `elementwise`, `argmax`);
+//!   `hadamard`, `norm`, `rope`, `attention`, `conv1d`, `delta_rule`,
+//!   `delta_rule_chunked`, `elementwise`, `argmax`);
 //!   `kernels/*.cuh`: the block layouts and index math as `__host__ __device__` functions, also
 //!   compiled as host C++ ([`host_shim`]) so the CPU tests check them bit for bit.
 //! - [`modules`], [`build_info`], [`ptxas_report`]: what build.rs embedded (sm_60 cubin plus
@@ -24,8 +25,12 @@ mod types;
 pub use embedded::{build_info, kernels_available, module, modules, ptxas_report, EmbeddedModule};
 pub use error::KernelError;
 #[cfg(feature = "cuda")]
-pub use gpu::{cudarc, driver_present, Gpu, KvElem, KvLayout, Q8KvByte, RowLayout};
+pub use gpu::{cudarc, driver_present, Gpu, KvElem, KvLayout, Q4KvByte, Q8KvByte, RowLayout};
 pub use types::{PnPrecision, WeightType};
+
+/// Tokens per chunk of the chunked delta-rule kernel (`PN_GDN_C` in
+/// `kernels/delta_rule_chunked.cuh`): inputs shorter than this gain nothing from it.
+pub const DELTA_RULE_CHUNK: usize = 32;
 
 /// Opens a device for the tests and benchmarks, or says why not (no kernels, no driver, no device).
 #[cfg(feature = "cuda")]

@@ -12,7 +12,7 @@ use common::*;
 use gguf_io::{quants, GgmlType};
 use half::f16;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use pn_kernels::{Gpu, KvLayout, PnPrecision, Q8KvByte, RowLayout, WeightType};
+use pn_kernels::{Gpu, KvLayout, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, WeightType};
 use rand::Rng;
 use std::sync::Arc;
 
@@ -1139,6 +1139,106 @@ fn q8_0_kv_cache_matches_gguf_io_and_reference_attention() {
         &vec![1.0; want.len()],
         2e-5,
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn q4_0_kv_cache_matches_host_shim_and_reference_attention() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream().clone();
+    let mut r = rng(25);
+    let (n_head, n_kv, d, cap, p0, t) = (24usize, 4usize, 256usize, 900usize, 700usize, 5usize);
+    let n_ctx = p0 + t;
+    let mut kf = random_vec(&mut r, n_ctx * n_kv * d, 1.5);
+    let vf = random_vec(&mut r, n_ctx * n_kv * d, 1.5);
+    // Adversarial blocks: all zero, magnitude ties of both signs, exact rounding halfway points.
+    kf[..32].fill(0.0);
+    for (i, v) in kf[32..64].iter_mut().enumerate() {
+        *v = if i % 2 == 0 { -1.0 } else { 1.0 };
+    }
+    kf[64] = -8.0;
+    for (i, v) in kf[65..96].iter_mut().enumerate() {
+        *v = -7.5 + 0.5 * i as f32;
+    }
+    let q = random_vec(&mut r, t * n_head * d, 2.0);
+    let kv = KvLayout::token_major::<Q4KvByte>(n_kv, cap);
+    let mut kc = s.alloc_zeros::<Q4KvByte>(kv.min_len()).unwrap();
+    let mut vc = s.alloc_zeros::<Q4KvByte>(kv.min_len()).unwrap();
+    let (dk, dv, dq) = (up(&s, &kf), up(&s, &vf), up(&s, &q));
+    g.kv_store(
+        &dk.as_view(),
+        &dv.as_view(),
+        n_kv * d,
+        &mut kc.as_view_mut(),
+        &mut vc.as_view_mut(),
+        kv,
+        0,
+        n_ctx,
+    )
+    .unwrap();
+    // The stored blocks are the host build of the same header's quantizer, bit for bit (the
+    // host tests bind that to the CPU KV cache's quantizer).
+    let host_blocks = |x: &[f32]| -> Vec<u8> {
+        x.chunks_exact(32)
+            .flat_map(|b| shim_q4(b.try_into().unwrap()))
+            .collect()
+    };
+    let kbytes: Vec<u8> = down(&s, &kc).iter().map(|b| b.0).collect();
+    let vbytes: Vec<u8> = down(&s, &vc).iter().map(|b| b.0).collect();
+    let (want_k, want_v) = (host_blocks(&kf), host_blocks(&vf));
+    assert_eq!(&kbytes[..want_k.len()], &want_k[..], "q4_0 K rows");
+    assert_eq!(&vbytes[..want_v.len()], &want_v[..], "q4_0 V rows");
+    // Attention against the dequantized cache (gguf-io's Q4_0 decode of the same blocks).
+    let deq = |b: &[u8]| {
+        let mut out = vec![0f32; b.len() / 18 * 32];
+        quants::dequantize_row(GgmlType::Q4_0, b, &mut out).unwrap();
+        out
+    };
+    let want = attention_ref(
+        &q,
+        &deq(&want_k),
+        &deq(&want_v),
+        n_head,
+        n_kv,
+        p0,
+        t,
+        1.0 / 16.0,
+    );
+    for chunk in [64, 256, 4096] {
+        let mut scratch = zeros(
+            &s,
+            Gpu::attention_scratch_len(t, n_head, n_ctx.div_ceil(chunk)),
+        );
+        let mut o = zeros(&s, t * n_head * d);
+        g.attention(
+            &dq.as_view(),
+            n_head * d,
+            d,
+            &kc.as_view(),
+            &vc.as_view(),
+            kv,
+            n_head,
+            p0,
+            t,
+            1.0 / 16.0,
+            chunk,
+            &mut scratch.as_view_mut(),
+            &mut o.as_view_mut(),
+            n_head * d,
+        )
+        .unwrap();
+        assert_close(
+            &format!("attention q4_0 KV chunk {chunk}"),
+            &down(&s, &o),
+            &want,
+            &vec![1.0; want.len()],
+            2e-5,
+        );
+    }
+}
+
+fn shim_q4(x: &[f32; 32]) -> [u8; 18] {
+    pn_kernels::host_shim::safe::q4_0_kv_quantize(x)
 }
 
 #[test]

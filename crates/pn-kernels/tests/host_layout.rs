@@ -279,3 +279,214 @@ fn q4_k_scale_words_agree_with_scale_bytes() {
         }
     }
 }
+
+/// The CPU KV cache's q4_0 block as its 18 stored bytes (f16 d little-endian, then the nibbles).
+fn cpu_q4_0_kv_bytes(x: &[f32; 32]) -> [u8; 18] {
+    let b = qwen_model::cpu::kvquant::BlockQ4_0::quantize(x);
+    let mut out = [0u8; 18];
+    out[..2].copy_from_slice(&b.d.to_bits().to_le_bytes());
+    out[2..].copy_from_slice(&b.qs);
+    out
+}
+
+fn cpu_q4_0_kv_values(bytes: &[u8; 18]) -> [f32; 32] {
+    let b = qwen_model::cpu::kvquant::BlockQ4_0 {
+        d: f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])),
+        qs: bytes[2..].try_into().unwrap(),
+    };
+    let mut out = [0f32; 32];
+    b.dequantize(&mut out);
+    out
+}
+
+fn assert_q4_0_kv_block_matches_cpu(x: &[f32; 32], what: &str) {
+    let got = shim::q4_0_kv_quantize(x);
+    let want = cpu_q4_0_kv_bytes(x);
+    assert_eq!(got, want, "q4_0 KV block of {what}: {x:?}");
+    let (g, w) = (shim::q4_0_kv_dequantize(&got), cpu_q4_0_kv_values(&want));
+    for e in 0..32 {
+        assert!(
+            g[e].to_bits() == w[e].to_bits() || (g[e].is_nan() && w[e].is_nan()),
+            "q4_0 KV decode of {what}, elem {e}: {} vs {}",
+            g[e],
+            w[e]
+        );
+    }
+}
+
+#[test]
+fn f32_to_f16_conversion_matches_half_round_to_nearest_even() {
+    let check = |f: f32| {
+        let (got, want) = (shim::f32_to_f16_bits(f), f16::from_f32(f));
+        if want.is_nan() {
+            assert!(f16::from_bits(got).is_nan(), "{:#010x}", f.to_bits());
+            assert_eq!(got & 0x8000, want.to_bits() & 0x8000);
+        } else {
+            assert_eq!(got, want.to_bits(), "{f:e} ({:#010x})", f.to_bits());
+        }
+    };
+    // Every f16 value, the f32 halfway points to its neighbour (ties to even) and one f32 ulp
+    // either side of them: each rounding decision of every binade, subnormals and overflow.
+    for h in 0..=u16::MAX {
+        let a = f16::from_bits(h);
+        if !a.is_finite() {
+            check(a.to_f32());
+            continue;
+        }
+        let x = a.to_f32();
+        check(x);
+        let up = f16::from_bits(h.wrapping_add(1)).to_f32();
+        let mid = if up.is_finite() && up.abs() > x.abs() {
+            (x + up) / 2.0 // exact: both have 11 significant bits
+        } else {
+            // 65504: the halfway point to the first value past the largest f16.
+            x.signum() * 65520.0
+        };
+        for m in [
+            mid,
+            f32::from_bits(mid.to_bits() + 1),
+            f32::from_bits(mid.to_bits() - 1),
+        ] {
+            check(m);
+        }
+    }
+    // And a sweep over all f32 bit patterns.
+    for u in (0..=u32::MAX).step_by(997) {
+        check(f32::from_bits(u));
+    }
+}
+
+#[test]
+fn q4_0_kv_block_matches_cpu_kv_quantizer_on_random_rows() {
+    let mut r = rng(8);
+    for i in 0..20_000 {
+        let scale = [1e-3f32, 0.5, 2.0, 100.0, 3e4][i % 5];
+        let mut x = [0f32; 32];
+        for v in &mut x {
+            *v = r.random_range(-scale..scale);
+        }
+        if i % 3 == 0 {
+            // An outlier, as real keys have.
+            x[r.random_range(0..32)] *= 9.0;
+        }
+        assert_q4_0_kv_block_matches_cpu(&x, &format!("random row {i}"));
+    }
+}
+
+#[test]
+fn q4_0_kv_block_matches_cpu_kv_quantizer_on_adversarial_rows() {
+    let mut cases: Vec<(String, [f32; 32])> = vec![
+        ("all zeros".into(), [0.0; 32]),
+        ("all negative zeros".into(), [-0.0; 32]),
+        ("one huge value".into(), {
+            let mut x = [0.25f32; 32];
+            x[7] = 1e30; // d overflows f16 to -inf
+            x
+        }),
+        ("largest f32".into(), {
+            let mut x = [1.0f32; 32];
+            x[3] = f32::MAX;
+            x[4] = -f32::MAX;
+            x
+        }),
+        ("just above the f16 range".into(), {
+            let mut x = [-1.0f32; 32];
+            x[0] = 65520.0 * 8.0;
+            x
+        }),
+        ("negative max".into(), {
+            let mut x = [0.5f32; 32];
+            x[20] = -3.0;
+            x
+        }),
+        (
+            "equal magnitudes, negative first".into(),
+            core::array::from_fn(|i| if i % 2 == 0 { -2.0 } else { 2.0 }),
+        ),
+        (
+            "equal magnitudes, positive first".into(),
+            core::array::from_fn(|i| if i % 2 == 0 { 2.0 } else { -2.0 }),
+        ),
+        ("subnormal values".into(), {
+            let mut x = [1e-41f32; 32];
+            x[9] = -3e-39;
+            x
+        }),
+        ("tiny scale, reciprocal overflows".into(), {
+            // m = 9 subnormal ulps: d = -1 ulp, id = -inf, codes of inf and of NaN (0 * inf).
+            let mut x = [0.0f32; 32];
+            x[0] = f32::from_bits(1);
+            x[1] = f32::from_bits(9);
+            x[2] = -f32::from_bits(5);
+            x
+        }),
+        ("infinity".into(), {
+            let mut x = [1.0f32; 32];
+            x[5] = f32::INFINITY;
+            x
+        }),
+        ("nan".into(), {
+            let mut x: [f32; 32] = core::array::from_fn(|i| i as f32 - 16.0);
+            x[0] = f32::NAN;
+            x[31] = -f32::NAN;
+            x
+        }),
+    ];
+    // Rounding ties: with m = -8 (d = 1, id = 1) and m = 8 (d = -1, id = -1), values k + 0.5
+    // are exact halfway cases (away from zero), and +-7.5.. +-8.5 hit the clamp.
+    for m in [-8.0f32, 8.0] {
+        let mut x = [0f32; 32];
+        x[0] = m;
+        for (i, v) in x.iter_mut().enumerate().skip(1) {
+            *v = -7.5 + 0.5 * (i - 1) as f32; // -7.5 ..= 7.5
+        }
+        cases.push((format!("halfway values, m = {m}"), x));
+        let mut y = x;
+        y[1] = -m * 0.99; // the opposite sign near the top: +8 steps clamps to +7
+        y[2] = 7.75;
+        cases.push((format!("clamped values, m = {m}"), y));
+    }
+    // Halfway cases at a scale whose reciprocal is inexact (d = 3/8, id = 1/d rounded).
+    let mut x = [0f32; 32];
+    x[31] = -3.0;
+    for (i, v) in x.iter_mut().enumerate().take(31) {
+        *v = (i as f32 - 15.5) * 0.375;
+    }
+    cases.push(("halfway values at d = 0.375".into(), x));
+    for (what, x) in &cases {
+        assert_q4_0_kv_block_matches_cpu(x, what);
+    }
+}
+
+#[test]
+fn q4_0_kv_decode_matches_cpu_and_gguf_io_for_any_bytes() {
+    use gguf_io::{quants, GgmlType};
+    let mut r = rng(9);
+    let mut blocks = vec![[0u8; 18]; 4096];
+    for (i, b) in blocks.iter_mut().enumerate() {
+        r.fill(&mut b[..]);
+        if i < 2048 {
+            // Finite scales for the gguf-io comparison; the rest keep any bits (inf, NaN).
+            let d = f16::from_f32(r.random_range(-4.0f32..4.0));
+            b[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+        }
+    }
+    let flat: Vec<u8> = blocks[..2048].iter().flatten().copied().collect();
+    let mut ggml = vec![0f32; 2048 * 32];
+    quants::dequantize_row(GgmlType::Q4_0, &flat, &mut ggml).unwrap();
+    for (i, b) in blocks.iter().enumerate() {
+        let got = shim::q4_0_kv_dequantize(b);
+        let want = cpu_q4_0_kv_values(b);
+        for e in 0..32 {
+            assert!(
+                got[e].to_bits() == want[e].to_bits() || (got[e].is_nan() && want[e].is_nan()),
+                "block {i} elem {e}: {} vs {}",
+                got[e],
+                want[e]
+            );
+            if i < 2048 {
+                assert_eq!(got[e].to_bits(), ggml[32 * i + e].to_bits(), "vs gguf-io");
+            }
+        }
+    }
+}

@@ -147,7 +147,8 @@ fn hostile_templates_cannot_hang_or_exhaust_memory() {
         "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
         // Not covered: exponential *list* growth (`ns.l = ns.l + ns.l` 33 times). minijinja 3.1
         // materialises list concatenations nested deeper than 32 without charging fuel, so that
-        // template exhausts memory; see the module docs of `chat_template`.
+        // template exhausts memory in-process; only the subprocess sandbox contains it
+        // (tests/template_sandbox.rs).
         // Huge repetition in one step.
         "{{ 'x' * 4000000000 }}",
         "{{ ('x' * 1000000) * 1000000 }}",

@@ -5,9 +5,11 @@
 //! driver or device each test prints why and returns.
 
 use gguf_io::GgmlType;
-use pn_runtime::cuda::CudaBackend;
+use pn_runtime::cuda::{CudaBackend, MemoryPlan};
+use qwen_model::cpu::CpuKv;
 use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvType, Model, Outputs, RopeLayout, WeightSource,
+    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, KvType, Model, ModelConfig, Outputs,
+    RopeLayout, WeightSource,
 };
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -209,6 +211,186 @@ fn attention_matches_cpu() {
     }
 }
 
+/// Attention over block-quantized (or float) caches of `kt`, `hq` query heads on `hkv` kv heads.
+fn attention_kv<B: Backend>(
+    be: &B,
+    kt: KvCacheType,
+    (hq, hkv): (usize, usize),
+    n_tokens: usize,
+    pos0: usize,
+    seed: u64,
+) -> Vec<f32> {
+    let dh = 256;
+    let l = AttnLayout {
+        n_q_heads: hq,
+        n_kv_heads: hkv,
+        head_dim: dh,
+        q_token_stride: 2 * hq * dh,
+        q_head_stride: 2 * dh,
+        scale: 1.0 / 16.0,
+    };
+    let cap = pos0 + n_tokens + 5;
+    let mut kc = be.alloc_kv_cache(cap * hkv * dh, kt).unwrap();
+    let mut vc = be.alloc_kv_cache(cap * hkv * dh, kt).unwrap();
+    let total = pos0 + n_tokens;
+    let k = buf(be, &rnd(seed, total * hkv * dh, 2.0));
+    let v = buf(be, &rnd(seed + 1, total * hkv * dh, 2.0));
+    // The context as the graph writes it: earlier positions, then this step's rows.
+    let row = hkv * dh;
+    let split = pos0 * row;
+    let mut k_step = be.alloc(n_tokens * row).unwrap();
+    let mut v_step = be.alloc(n_tokens * row).unwrap();
+    be.copy(&k, split, &mut k_step, 0, n_tokens * row);
+    be.copy(&v, split, &mut v_step, 0, n_tokens * row);
+    be.kv_write(&k, &mut kc, 0, split);
+    be.kv_write(&v, &mut vc, 0, split);
+    be.kv_write(&k_step, &mut kc, split, n_tokens * row);
+    be.kv_write(&v_step, &mut vc, split, n_tokens * row);
+    let q = buf(be, &rnd(seed + 2, n_tokens * 2 * hq * dh, 2.0));
+    let mut o = be.alloc(n_tokens * hq * dh).unwrap();
+    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0);
+    get(be, &o, n_tokens * hq * dh)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_kv_attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut r = rand::rngs::StdRng::seed_from_u64(31);
+    for kt in [KvCacheType::Q8_0, KvCacheType::Q4_0] {
+        // Fixed cases (decode at split-K boundaries, GQA 6 as in the model, long contexts,
+        // prefill chunks), then random shapes.
+        let mut cases = vec![
+            ((6, 1), 1, 0),
+            ((24, 4), 1, 255),
+            ((24, 4), 1, 256),
+            ((12, 2), 1, 4999),
+            ((6, 2), 1, 20000),
+            ((24, 4), 16, 0),
+            ((6, 1), 64, 2000),
+            ((8, 8), 33, 777),
+        ];
+        for _ in 0..6 {
+            let hkv = r.random_range(1..=4usize);
+            let group = [1usize, 2, 3, 6][r.random_range(0..4)];
+            let t = [1usize, 1, 3, 40][r.random_range(0..4)];
+            cases.push(((hkv * group, hkv), t, r.random_range(0..9000usize)));
+        }
+        for (i, &(heads, t, p0)) in cases.iter().enumerate() {
+            let seed = 100 + i as u64;
+            let (got, want) = on_both!(&g, attention_kv(kt, heads, t, p0, seed));
+            // Both sides attend over the same quantized values: only the f32 summation order
+            // differs, as for the float caches.
+            check(
+                &format!("attention {kt} KV heads {heads:?} t={t} p0={p0}"),
+                &got,
+                &want,
+                2e-4,
+            );
+        }
+    }
+}
+
+/// The CPU cache's stored bytes (little-endian f16 scale, then the quants, per block).
+fn cpu_kv_bytes(kv: &CpuKv) -> Vec<u8> {
+    match kv {
+        CpuKv::Q8_0(b) => b
+            .iter()
+            .flat_map(|b| {
+                let mut v = b.d.to_bits().to_le_bytes().to_vec();
+                v.extend(b.qs.iter().map(|q| *q as u8));
+                v
+            })
+            .collect(),
+        CpuKv::Q4_0(b) => b
+            .iter()
+            .flat_map(|b| {
+                let mut v = b.d.to_bits().to_le_bytes().to_vec();
+                v.extend(b.qs);
+                v
+            })
+            .collect(),
+        CpuKv::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        CpuKv::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_kv_write_equals_cpu_bytes() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(2);
+    let rows = 40;
+    let mut x = rnd(41, rows * 256, 3.0);
+    // Adversarial rows: zeros, one huge value, a negative maximum, magnitude ties of both
+    // signs, exact rounding halfway points (m = -8: d = 1), tiny and subnormal values.
+    x[..256].fill(0.0);
+    x[256 + 7] = 1e30;
+    x[512 + 40] = -50.0;
+    for (i, v) in x[768..1024].iter_mut().enumerate() {
+        *v = if i % 2 == 0 { -2.0 } else { 2.0 };
+    }
+    for blk in 0..8 {
+        let b = &mut x[1024 + 32 * blk..1024 + 32 * blk + 32];
+        b[0] = -8.0;
+        for (i, v) in b.iter_mut().enumerate().skip(1) {
+            *v = -7.5 + 0.5 * (i - 1) as f32;
+        }
+    }
+    for (i, v) in x[1280..1536].iter_mut().enumerate() {
+        *v = (i as f32 - 128.0) * 1e-40;
+    }
+    for kt in [KvCacheType::Q8_0, KvCacheType::Q4_0] {
+        let (mut kg, mut kc) = (
+            g.alloc_kv_cache((rows + 3) * 256, kt).unwrap(),
+            cpu.alloc_kv_cache((rows + 3) * 256, kt).unwrap(),
+        );
+        // Two writes at different offsets (whole 256-value rows, as the graph writes them).
+        for (off, len) in [(0, 7 * 256), (7 * 256, (rows - 7) * 256)] {
+            let (mut sg, mut sc) = (g.alloc(len).unwrap(), cpu.alloc(len).unwrap());
+            g.upload(&x[off..off + len], &mut sg, 0);
+            cpu.upload(&x[off..off + len], &mut sc, 0);
+            g.kv_write(&sg, &mut kg, off + 256, len);
+            cpu.kv_write(&sc, &mut kc, off + 256, len);
+        }
+        if let Some(e) = g.take_error() {
+            panic!("CUDA op failed: {e}");
+        }
+        let got = g.download_kv(&kg).unwrap();
+        let want = cpu_kv_bytes(&kc);
+        assert_eq!(got.len(), want.len(), "{kt} cache bytes");
+        let per_row = kt.bytes_for(256);
+        for (i, (a, b)) in got.chunks(per_row).zip(want.chunks(per_row)).enumerate() {
+            assert_eq!(a, b, "{kt} cache row {i}");
+        }
+        eprintln!("{kt}: {} cache bytes equal the CPU's", got.len());
+    }
+}
+
+#[test]
+fn memory_plan_counts_quantized_kv_blocks() {
+    let file = gguf_io::GgufFile::open(tiny("model-f16.gguf")).unwrap();
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let plan = |k, v| MemoryPlan::with_kv_types(&file, &cfg, 1024, 16, k, v);
+    let f32_kv = plan(KvCacheType::F32, KvCacheType::F32).kv_cache;
+    let per_value = |t: KvCacheType| t.block_bytes() as f64 / t.block_len() as f64;
+    for k in KvCacheType::ALL {
+        for v in KvCacheType::ALL {
+            let got = plan(k, v).kv_cache as f64;
+            let want = f32_kv as f64 * (per_value(k) + per_value(v)) / 8.0;
+            assert_eq!(got, want, "K {k} V {v}");
+        }
+    }
+    assert_eq!(
+        MemoryPlan::new(&file, &cfg, 1024, 16, KvType::F16).kv_cache,
+        plan(KvCacheType::F16, KvCacheType::F16).kv_cache
+    );
+    assert!(
+        plan(KvCacheType::Q4_0, KvCacheType::Q4_0).total()
+            < plan(KvCacheType::F16, KvCacheType::F16).total()
+    );
+}
+
 fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
     let d = GdnDims {
         n_k_heads: 2,
@@ -248,6 +430,20 @@ fn conv_and_delta_rule_match_cpu() {
     let Some(g) = gpu() else { return };
     // 16 and 40 tokens take the CPU's chunked form.
     for t in [1, 2, 5, 16, 40] {
+        let (got, want) = on_both!(&g, gdn(t));
+        check(&format!("conv1d+delta rule t={t}"), &got, &want, 1e-4);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chunked_delta_rule_prefill_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    // From a full chunk of the device kernel (pn_kernels::DELTA_RULE_CHUNK) on, try_gdn takes the
+    // chunked kernel (unless PN_GDN_CHUNKED=0): one below, at and above the chunk, the CPU's 64
+    // either side, and several chunks with a tail.
+    let c = pn_kernels::DELTA_RULE_CHUNK;
+    for t in [c - 1, c, c + 1, 63, 65, 5 * c + 7] {
         let (got, want) = on_both!(&g, gdn(t));
         check(&format!("conv1d+delta rule t={t}"), &got, &want, 1e-4);
     }
@@ -469,5 +665,71 @@ fn backend_open_fails_with_a_reason_or_succeeds() {
                 "unhelpful message: {msg}"
             );
         }
+    }
+}
+
+/// RMSNorm + rotation and SwiGLU + rotation of `rows` rows of `n` with blocks of `block`: the
+/// fused trait ops, or the separate ops they replace. Row 0 is zeros (the norm's `eps` path),
+/// row 1 has an outlier, outputs start as NaN (every element must be written), and the gate is
+/// read back to show the fused op leaves it unchanged.
+fn rotations<B: Backend>(be: &B, rows: usize, n: usize, block: usize, fused: bool) -> Vec<f32> {
+    let len = rows * n;
+    let mut x = rnd(21, len, 3.0);
+    x[..n].fill(0.0);
+    if rows > 1 {
+        x[n + n / 3] = 1e4;
+    }
+    let w = rnd(22, n, 1.5);
+    let (xb, wb) = (buf(be, &x), buf(be, &w));
+    let mut o = buf(be, &vec![f32::NAN; len]);
+    let (g, u) = (rnd(23, len, 8.0), rnd(24, len, 3.0));
+    let (gb, ub) = (buf(be, &g), buf(be, &u));
+    let mut s = buf(be, &vec![f32::NAN; len]);
+    if fused {
+        be.rms_norm_hadamard(&xb, &wb, &mut o, rows, n, 1e-6, block);
+        be.swiglu_hadamard(&gb, &ub, &mut s, len, block);
+    } else {
+        be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6);
+        be.hadamard(&mut o, len, block);
+        be.copy(&gb, 0, &mut s, 0, len);
+        be.swiglu(&mut s, &ub, len);
+        be.hadamard(&mut s, len, block);
+    }
+    let mut out = get(be, &o, len);
+    out.extend(get(be, &s, len));
+    out.extend(get(be, &gb, len));
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_rotations_match_cpu_separate_ops() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(2);
+    // K = R, K a multiple of R, every R kind (2, 32, 64 .. 1024), the longest row the fused norm
+    // takes (12256), and rows beyond it (12288, 16384: the CUDA backend's fallback).
+    for (rows, n, block) in [
+        (1, 64, 64),
+        (3, 256, 2),
+        (7, 96, 32),
+        (4, 2048, 128),
+        (2, 5120, 256),
+        (5, 1024, 1024),
+        (2, 12256, 32),
+        (2, 12288, 1024),
+        (1, 16384, 256),
+    ] {
+        let want = rotations(&cpu, rows, n, block, false);
+        let got = rotations(&g, rows, n, block, true);
+        if let Some(e) = g.take_error() {
+            panic!("CUDA op failed ({rows}x{n}, R={block}): {e}");
+        }
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        check(
+            &format!("fused rotations {rows}x{n} R={block}"),
+            &got,
+            &want,
+            1e-5 * scale,
+        );
     }
 }

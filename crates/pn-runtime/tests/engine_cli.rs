@@ -176,9 +176,18 @@ fn errors_name_the_problem() {
         text(&out.stderr)
     );
 
-    let out = pn(&["run", "--device", "cuda:0", "-p", "x", "-n", "1"]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("CUDA"), "{}", text(&out.stderr));
+    // Without a usable GPU, `--device cuda` fails with the device and the reason, no panic.
+    if let Err(why) = pn_runtime::cuda::CudaBackend::availability(0) {
+        let out = pn(&["run", "--device", "cuda", "-p", "hi", "-n", "2"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("cuda:0"), "{err}");
+        assert!(
+            err.contains("libcuda") || err.contains("no CUDA kernels"),
+            "{err} ({why})"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
 
     let out = pn(&["run", "-c", "100000", "-p", "x", "-n", "1"]);
     assert!(!out.status.success());

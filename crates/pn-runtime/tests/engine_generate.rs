@@ -93,7 +93,7 @@ fn collect(
 #[test]
 fn greedy_first_tokens_follow_the_oracle_argmax() {
     let engine = tiny();
-    let vocab = engine.model().config.vocab;
+    let vocab = engine.config().vocab;
     for (seq, logits, max_prefixes) in [("a", "logits_a.f32", 16), ("b", "logits_b.f32", 48)] {
         let tokens = ids(&json(&format!("tiny-qwen35/tokens_{seq}.json"))["tokens"]);
         let oracle = f32s(&format!("tiny-qwen35/{logits}"));
@@ -403,15 +403,58 @@ fn load_errors_say_what_is_wrong() {
         "{e}"
     );
 
-    let e = load_err(
-        pn_runtime::DEMO_MODEL_PATH,
-        EngineOptions {
-            device: Device::Cuda(0),
-            ..options()
-        },
-    );
-    assert!(e.to_string().contains("CUDA"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A CUDA device that cannot be used is a typed error naming the device and the reason, found
+/// before the file is even opened (a missing file would be `NotFound` otherwise); with a GPU, an
+/// ordinal past the last device is `CudaNoDevice`.
+#[test]
+fn an_unusable_cuda_device_is_a_typed_error_naming_it() {
+    let cuda = |ordinal, path: &str| {
+        load_err(
+            path,
+            EngineOptions {
+                device: Device::Cuda(ordinal),
+                ..options()
+            },
+        )
+    };
+    match pn_runtime::cuda::CudaBackend::availability(0) {
+        Err(why) => {
+            for ordinal in [0, 3] {
+                let t0 = std::time::Instant::now();
+                let e = cuda(ordinal, "/nonexistent/model.gguf");
+                assert!(t0.elapsed().as_secs() < 10, "slow refusal: {e}");
+                assert!(
+                    matches!(
+                        e,
+                        EngineError::CudaNoDriver { ordinal: o }
+                            | EngineError::CudaNoKernels { ordinal: o, .. } if o == ordinal
+                    ),
+                    "{e:?}"
+                );
+                let msg = e.to_string();
+                assert!(msg.contains(&format!("cuda:{ordinal}")), "{msg}");
+                assert!(msg.contains("--device cpu"), "{msg}");
+                // The reason the backend gives (driver or kernels) is the one the user sees.
+                let reason = if matches!(e, EngineError::CudaNoDriver { .. }) {
+                    "libcuda"
+                } else {
+                    "kernels"
+                };
+                assert!(msg.contains(reason), "{msg} (backend: {why})");
+            }
+        }
+        Ok(()) => {
+            let e = cuda(4096, pn_runtime::DEMO_MODEL_PATH);
+            assert!(
+                matches!(e, EngineError::CudaNoDevice { ordinal: 4096, .. }),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("cuda:4096"), "{e}");
+        }
+    }
 }
 
 #[test]

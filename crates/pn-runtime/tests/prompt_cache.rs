@@ -169,7 +169,7 @@ fn branching_requests_reuse_the_nearest_checkpoint() {
 #[test]
 fn eviction_keeps_the_cache_bounded() {
     let e = demo(8, 4, None);
-    let cfg = &e.model().config;
+    let cfg = e.config();
     assert_eq!(checkpoint_bytes(cfg), 430_080);
     let src = source_tokens(&e);
     let mut s = e.session().unwrap();

@@ -123,7 +123,7 @@ fn forced(engine: &Engine, truth: &[u32], reject: bool) -> Box<dyn Drafter + Sen
     Box::new(Forced {
         truth: truth.to_vec(),
         reject,
-        vocab: engine.model().config.vocab as u32,
+        vocab: engine.config().vocab as u32,
     })
 }
 

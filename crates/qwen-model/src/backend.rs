@@ -378,4 +378,43 @@ pub trait Backend: Send + Sync {
     fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
     /// `x += y` over `len` floats.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+
+    /// RMSNorm of the first `rows` rows of `n` floats, then the block-diagonal Walsh-Hadamard
+    /// rotation (blocks of `block`, `n` a multiple of it) of the `rows * n` results:
+    /// `out = H(x / rms(x) * w)`, the rotated input of PN matrices for callers that do not need
+    /// the unrotated norm output. The default is [`Backend::rms_norm`] then
+    /// [`Backend::hadamard`] (so its bits are theirs); a backend overrides it with one fused
+    /// kernel (one launch and one trip through memory less).
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_hadamard(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        n: usize,
+        eps: f32,
+        block: usize,
+    ) {
+        self.rms_norm(x, w, out, rows, n, eps);
+        self.hadamard(out, rows * n, block);
+    }
+
+    /// `out = H(silu(gate) * up)` over `len` floats (`len` a multiple of `block`), the rotated
+    /// input of a PN `ffn_down`; `gate` is left unchanged. The default copies `gate` to `out`,
+    /// then runs [`Backend::swiglu`] and [`Backend::hadamard`] on `out` (the bits of the
+    /// in-place `swiglu` followed by a rotated copy); a backend overrides it with one fused
+    /// kernel.
+    fn swiglu_hadamard(
+        &self,
+        gate: &Self::Buf,
+        up: &Self::Buf,
+        out: &mut Self::Buf,
+        len: usize,
+        block: usize,
+    ) {
+        self.copy(gate, 0, out, 0, len);
+        self.swiglu(out, up, len);
+        self.hadamard(out, len, block);
+    }
 }

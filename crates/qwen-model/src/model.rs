@@ -119,6 +119,44 @@ fn project<B: Backend, const N: usize>(
     Ok(())
 }
 
+/// [`project`] of the RMSNorm of `x` (rows of `n`, weight `norm`), with the rotated input of the
+/// rotated matrices produced by the fused [`Backend::rms_norm_hadamard`] straight from `x` into
+/// `rot` (instead of a copy of the norm output rotated in place). The unrotated norm goes to
+/// `normed` only when an unrotated matrix reads it.
+#[allow(clippy::too_many_arguments)]
+fn norm_project<B: Backend, const N: usize>(
+    be: &B,
+    x: &B::Buf,
+    norm: &B::Buf,
+    n: usize,
+    eps: f32,
+    normed: &mut B::Buf,
+    rot: &mut B::Buf,
+    block: usize,
+    rows: usize,
+    outs: [(&Matrix<B>, &mut B::Buf); N],
+) -> Result<(), ModelError> {
+    let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
+    if n_rot == 0 {
+        be.rms_norm(x, norm, normed, rows, n, eps);
+        let mut o = outs.map(|(m, b)| (&m.w, b));
+        return be.matmul(normed, rows, &mut o);
+    }
+    be.rms_norm_hadamard(x, norm, rot, rows, n, eps, block);
+    if n_rot == N {
+        let mut o = outs.map(|(m, b)| (&m.w, b));
+        return be.matmul(rot, rows, &mut o);
+    }
+    // Mixed (GDN: PN qkv/gate, unquantized beta/alpha): the norm twice, both from `x`, costs
+    // less than norm, copy and rotation, and gives the same bits.
+    be.rms_norm(x, norm, normed, rows, n, eps);
+    for (m, b) in outs {
+        let src = if m.rotated { &*rot } else { &*normed };
+        be.matmul(src, rows, &mut [(&m.w, b)])?;
+    }
+    Ok(())
+}
+
 impl<B: Backend> Model<B> {
     /// Opens and binds a GGUF file.
     pub fn load(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
@@ -307,6 +345,7 @@ impl<B: Backend> Model<B> {
                     &self.weights.output_norm,
                     self.weights.lm_head(),
                     out.logits.is_some(),
+                    out.hidden.is_some(),
                 )?;
                 if let Some(h) = out.hidden.as_deref_mut() {
                     self.backend.download(
@@ -329,7 +368,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// Final norm of the needed rows of `ws.x` into `ws.h` and (optionally) the LM head into
-    /// `ws.logits`.
+    /// `ws.logits`. Without `hidden` (the caller does not read `ws.h`) the norm and the LM head's
+    /// input rotation may be fused, leaving `ws.h` unwritten.
+    #[allow(clippy::too_many_arguments)]
     fn head(
         &self,
         ws: &mut Workspace<B>,
@@ -338,16 +379,30 @@ impl<B: Backend> Model<B> {
         norm: &B::Buf,
         head: &Matrix<B>,
         logits: bool,
+        hidden: bool,
     ) -> Result<(), ModelError> {
         let (be, d, eps) = (&self.backend, self.config.hidden, self.config.rms_eps);
-        let n = if all_rows {
-            be.rms_norm(&ws.x, norm, &mut ws.h, rows, d, eps);
-            rows
+        let (src, n) = if all_rows {
+            (&ws.x, rows)
         } else {
             be.copy(&ws.x, (rows - 1) * d, &mut ws.e, 0, d);
-            be.rms_norm(&ws.e, norm, &mut ws.h, 1, d, eps);
-            1
+            (&ws.e, 1)
         };
+        if logits && !hidden {
+            return norm_project(
+                be,
+                src,
+                norm,
+                d,
+                eps,
+                &mut ws.h,
+                &mut ws.rot,
+                self.rot_block(),
+                n,
+                [(head, &mut ws.logits)],
+            );
+        }
+        be.rms_norm(src, norm, &mut ws.h, n, d, eps);
         if logits {
             project(
                 be,
@@ -373,13 +428,14 @@ impl<B: Backend> Model<B> {
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let (d, eps, blk) = (c.hidden, c.rms_eps, self.rot_block());
-        be.rms_norm(&ws.x, &lw.attn_norm, &mut ws.a, rows, d, eps);
+        // The mixers start with their input projections of the attention norm of `ws.x`.
+        let norm = &lw.attn_norm;
         match (&lw.mixer, ls) {
             (Mixer::Attention(aw), LayerState::Attention { k, v }) => {
-                self.attention(aw, k, v, ws, rows, cache_pos0, rope_pos0)?
+                self.attention(aw, norm, k, v, ws, rows, cache_pos0, rope_pos0)?
             }
             (Mixer::DeltaNet(gw), LayerState::DeltaNet { conv, ssm }) => {
-                self.deltanet(gw, conv, ssm, ws, rows)?
+                self.deltanet(gw, norm, conv, ssm, ws, rows)?
             }
             _ => {
                 return Err(ModelError::BadArgument(
@@ -388,34 +444,45 @@ impl<B: Backend> Model<B> {
             }
         }
         be.add(&mut ws.x, &ws.mix, rows * d);
-        be.rms_norm(&ws.x, &lw.post_norm, &mut ws.a, rows, d, eps);
         let f = &lw.ffn;
-        project(
+        norm_project(
             be,
+            &ws.x,
+            &lw.post_norm,
+            d,
+            eps,
+            &mut ws.a,
             &mut ws.rot,
             blk,
-            &ws.a,
             rows,
             [(&f.gate, &mut ws.gate), (&f.up, &mut ws.up)],
         )?;
-        be.swiglu(&mut ws.gate, &ws.up, rows * c.ffn);
-        project(
-            be,
-            &mut ws.rot,
-            blk,
-            &ws.gate,
-            rows,
-            [(&f.down, &mut ws.mix)],
-        )?;
+        if f.down.rotated {
+            // Nothing reads the unrotated SwiGLU output: one fused op straight into `rot`.
+            be.swiglu_hadamard(&ws.gate, &ws.up, &mut ws.rot, rows * c.ffn, blk);
+            be.matmul(&ws.rot, rows, &mut [(&f.down.w, &mut ws.mix)])?;
+        } else {
+            be.swiglu(&mut ws.gate, &ws.up, rows * c.ffn);
+            project(
+                be,
+                &mut ws.rot,
+                blk,
+                &ws.gate,
+                rows,
+                [(&f.down, &mut ws.mix)],
+            )?;
+        }
         be.add(&mut ws.x, &ws.mix, rows * d);
         Ok(())
     }
 
-    /// Gated full attention: `ws.a` -> `ws.mix`, appending K/V at `cache_pos0`.
+    /// Gated full attention of `rms_norm(ws.x) * norm` -> `ws.mix`, appending K/V at
+    /// `cache_pos0`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         aw: &AttnWeights<B>,
+        norm: &B::Buf,
         kc: &mut B::KvBuf,
         vc: &mut B::KvBuf,
         ws: &mut Workspace<B>,
@@ -426,11 +493,15 @@ impl<B: Backend> Model<B> {
         let (be, c) = (&self.backend, &self.config);
         let (dh, eps, blk) = (c.head_dim, c.rms_eps, self.rot_block());
         let (hq, hkv, kv) = (c.n_q_heads, c.n_kv_heads, c.kv_dim());
-        project(
+        norm_project(
             be,
+            &ws.x,
+            norm,
+            c.hidden,
+            eps,
+            &mut ws.a,
             &mut ws.rot,
             blk,
-            &ws.a,
             rows,
             [(&aw.q, &mut ws.qg), (&aw.k, &mut ws.k), (&aw.v, &mut ws.v)],
         )?;
@@ -476,10 +547,12 @@ impl<B: Backend> Model<B> {
         project(be, &mut ws.rot, blk, &ws.attn, rows, [(&aw.o, &mut ws.mix)])
     }
 
-    /// Gated DeltaNet: `ws.a` -> `ws.mix`, updating the conv and recurrent state.
+    /// Gated DeltaNet of `rms_norm(ws.x) * norm` -> `ws.mix`, updating the conv and recurrent
+    /// state.
     fn deltanet(
         &self,
         gw: &GdnWeights<B>,
+        norm: &B::Buf,
         conv: &mut B::Buf,
         ssm: &mut B::Buf,
         ws: &mut Workspace<B>,
@@ -488,11 +561,15 @@ impl<B: Backend> Model<B> {
         let (be, c) = (&self.backend, &self.config);
         let g = &c.gdn;
         let blk = self.rot_block();
-        project(
+        norm_project(
             be,
+            &ws.x,
+            norm,
+            c.hidden,
+            c.rms_eps,
+            &mut ws.a,
             &mut ws.rot,
             blk,
-            &ws.a,
             rows,
             [
                 (&gw.qkv, &mut ws.u),
@@ -613,6 +690,7 @@ impl<B: Backend> Model<B> {
                     head_norm,
                     head,
                     out.logits.is_some(),
+                    out.hidden.is_some(),
                 )?;
                 if let Some(h) = out.hidden.as_deref_mut() {
                     be.download(&ws.h, 0, &mut h[first_out * d..(first_out + out_rows) * d]);

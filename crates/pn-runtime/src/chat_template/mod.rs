@@ -6,10 +6,16 @@
 //! every render has a fuel budget (bounding both time and the memory it can allocate), a
 //! recursion limit and an output size limit ([`TemplateLimits`]).
 //!
-//! Known gap: minijinja 3.1 materialises a list concatenation nested more than 32 deep
-//! (`{% set ns.l = ns.l + ns.l %}` repeated 33 times) without charging fuel, so such a template
-//! can still allocate without bound. Strings, repetition (`*`), output, `tojson`, `|string`,
-//! `format` and loops are bounded.
+//! One thing fuel cannot bound: minijinja 3.1 materialises a list concatenation nested more
+//! than 32 deep (`{% set ns.l = ns.l + ns.l %}` repeated 33 times) without charging fuel, and
+//! offers no hook to stop that allocation. Strings, repetition (`*`), output, `tojson`,
+//! `|string`, `format` and loops are bounded by fuel. For templates one did not write, render
+//! in a child process instead ([`TemplateIsolation::Subprocess`], set with
+//! [`ChatTemplate::with_isolation`]): the worker runs under an address-space limit and a
+//! timeout, so that template only costs a failed child and comes back as
+//! [`ChatTemplateError::SandboxMemory`]. The `pn` binary does this by default (it is its own
+//! worker, `pn __template-worker`); the library default, [`TemplateIsolation::InProcess`],
+//! keeps the gap.
 //!
 //! Compatibility with Jinja2 as transformers sets it up: `trim_blocks` and `lstrip_blocks`,
 //! loop controls, Python string/dict methods (`startswith`, `split`, `rstrip`, `items`, ...),
@@ -18,7 +24,10 @@
 //! `ensure_ascii=False`. Variables not given stay undefined (`enable_thinking is defined`).
 
 mod python;
+mod sandbox;
 mod strftime;
+
+pub use sandbox::{run_worker, SubprocessSandbox, TemplateIsolation, LIMITS_ENV, WORKER_ARG};
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
@@ -89,6 +98,27 @@ pub enum ChatTemplateError {
         /// Which input.
         what: String,
         /// The parser's message.
+        reason: String,
+    },
+    /// The sandboxed render needed more memory than the worker's address-space limit.
+    #[error(
+        "chat template rendering exceeded the sandbox memory limit of {} MiB ({limit} bytes)",
+        .limit >> 20
+    )]
+    SandboxMemory {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The sandboxed render ran past its time limit; the worker was killed.
+    #[error("chat template rendering exceeded the sandbox time limit of {secs} s")]
+    SandboxTimeout {
+        /// The limit, in seconds.
+        secs: f64,
+    },
+    /// The sandbox worker could not be started or failed without a verdict on the template.
+    #[error("chat template sandbox failed: {reason}")]
+    SandboxFailed {
+        /// What went wrong, with the worker's stderr.
         reason: String,
     },
 }
@@ -273,6 +303,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     limits: TemplateLimits,
     special_tokens: Vec<(String, String)>,
+    isolation: TemplateIsolation,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -280,6 +311,7 @@ impl std::fmt::Debug for ChatTemplate {
         f.debug_struct("ChatTemplate")
             .field("limits", &self.limits)
             .field("special_tokens", &self.special_tokens)
+            .field("isolation", &self.isolation)
             .finish_non_exhaustive()
     }
 }
@@ -322,6 +354,7 @@ impl ChatTemplate {
             env,
             limits,
             special_tokens: Vec::new(),
+            isolation: TemplateIsolation::InProcess,
         })
     }
 
@@ -374,8 +407,27 @@ impl ChatTemplate {
         self.limits
     }
 
-    /// Renders the prompt.
+    /// Renders in a child process (or back in this one): see [`TemplateIsolation`].
+    pub fn with_isolation(mut self, isolation: TemplateIsolation) -> Self {
+        self.isolation = isolation;
+        self
+    }
+
+    /// Where renders run.
+    pub fn isolation(&self) -> &TemplateIsolation {
+        &self.isolation
+    }
+
+    /// Renders the prompt, in this process or in the sandbox worker; both give the same text
+    /// and the same errors for the same template, limits and context.
     pub fn render(&self, ctx: &TemplateContext) -> Result<String, ChatTemplateError> {
+        match &self.isolation {
+            TemplateIsolation::InProcess => self.render_in_process(ctx),
+            TemplateIsolation::Subprocess(sandbox) => sandbox.render(self, ctx),
+        }
+    }
+
+    fn render_in_process(&self, ctx: &TemplateContext) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)

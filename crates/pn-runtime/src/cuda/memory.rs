@@ -1,7 +1,7 @@
 //! The device memory a model needs, planned before anything is allocated.
 
 use gguf_io::GgufFile;
-use qwen_model::{KvType, LayerKind, ModelConfig};
+use qwen_model::{KvCacheType, LayerKind, ModelConfig};
 
 /// Floats of the attention split-K scratch the backend keeps at most (64 MiB); longer prefill
 /// chunks use fewer, longer splits.
@@ -32,14 +32,28 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The footprint of `file` at `context` positions with a `kv` cache, `max_rows` tokens per
-    /// step, one sequence state.
+    /// The footprint of `file` at `context` positions with K and V caches of type `kv` (a
+    /// `KvType` or a `KvCacheType`), `max_rows` tokens per step, one sequence state.
     pub fn new(
         file: &GgufFile,
         cfg: &ModelConfig,
         context: usize,
         max_rows: usize,
-        kv: KvType,
+        kv: impl Into<KvCacheType>,
+    ) -> MemoryPlan {
+        let kv = kv.into();
+        Self::with_kv_types(file, cfg, context, max_rows, kv, kv)
+    }
+
+    /// [`MemoryPlan::new`] with a K cache of type `k` and a V cache of type `v` (q8_0/q4_0
+    /// blocks counted at 34/18 bytes per 32 values).
+    pub fn with_kv_types(
+        file: &GgufFile,
+        cfg: &ModelConfig,
+        context: usize,
+        max_rows: usize,
+        k: KvCacheType,
+        v: KvCacheType,
     ) -> MemoryPlan {
         let weights = file
             .tensors()
@@ -52,12 +66,11 @@ impl MemoryPlan {
                 }
             })
             .sum();
-        let kv_elem: u64 = match kv {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
-        };
+        // Per position and layer: one row of kv_dim values in each cache (kv_dim is whole
+        // heads of 256, so whole blocks).
+        let kv_row = (k.bytes_for(cfg.kv_dim()) + v.bytes_for(cfg.kv_dim())) as u64;
         let attn_layers = cfg.n_attention_layers() + usize::from(cfg.n_mtp > 0);
-        let kv_cache = 2 * attn_layers as u64 * context as u64 * cfg.kv_dim() as u64 * kv_elem;
+        let kv_cache = attn_layers as u64 * context as u64 * kv_row;
         let gdn_layers = cfg
             .layer_kinds
             .iter()
@@ -92,7 +105,14 @@ impl MemoryPlan {
                 + 2 * d
                 + cfg.vocab as u64);
         let scratch_floats = ATTN_SCRATCH_FLOATS as u64 + r * cfg.ffn as u64 + r;
-        let scratch = 4 * scratch_floats + 2 * (24576 + r * cfg.kv_dim() as u64) + 64;
+        // The KV store kernels write K and V together; a one-cache write sends V to junk rows of
+        // the cache's element type (f32 caches are copied, no junk).
+        let junk = |t: KvCacheType| match t {
+            KvCacheType::F32 => 0,
+            t => t.bytes_for(max_rows.max(1) * cfg.kv_dim()) as u64,
+        };
+        let kv_junk = junk(k) + if v != k { junk(v) } else { 0 };
+        let scratch = 4 * scratch_floats + 2 * 24576 + kv_junk + 64;
         MemoryPlan {
             weights,
             kv_cache,

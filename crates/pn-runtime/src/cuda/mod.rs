@@ -20,14 +20,24 @@ pub use weight::{device_type, CudaWeight};
 
 use half::f16;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
-use pn_kernels::{Gpu, KvLayout, PnPrecision, RowLayout, WeightType};
-use qwen_model::{AttnLayout, Backend, GdnDims, KvType, ModelError, RopeLayout, WeightSource};
+use pn_kernels::{Gpu, KvElem, KvLayout, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, WeightType};
+use qwen_model::{
+    AttnLayout, Backend, GdnDims, KvCacheType, KvType, ModelError, RopeLayout, WeightSource,
+};
 use std::sync::{Mutex, MutexGuard};
 
 /// The head dim the attention and KV kernels are written for.
 const HEAD_DIM: usize = 256;
 /// The GDN key/value head dim of the delta-rule kernel.
 const GDN_HEAD_DIM: usize = 128;
+
+/// Whether a GDN call of `n_tokens` takes the chunked delta-rule kernel: prefill-length inputs
+/// (a full chunk or more) do, decode and short inputs keep the token-by-token kernel, and
+/// `PN_GDN_CHUNKED=0` forces the token-by-token kernel everywhere (A/B runs).
+fn gdn_chunked(n_tokens: usize) -> bool {
+    n_tokens >= pn_kernels::DELTA_RULE_CHUNK
+        && !matches!(std::env::var("PN_GDN_CHUNKED").as_deref(), Ok("0"))
+}
 /// The conv kernel length of the conv1d kernel.
 const CONV_KERNEL: usize = 4;
 /// Longest K of the half2 PN kernels (the fp16 activation lives in 48 KB of shared memory).
@@ -52,20 +62,50 @@ impl CudaBuf {
     }
 }
 
-/// A KV cache buffer on the device (token-major rows of 256 values, as on the CPU).
+/// A KV cache buffer on the device (token-major rows of 256 values, as on the CPU); the `usize`
+/// is the number of values it holds.
 pub enum CudaKv {
     /// f32 elements.
     F32(CudaSlice<f32>, usize),
     /// f16 elements.
     F16(CudaSlice<f16>, usize),
+    /// q8_0 blocks (34 bytes per 32 values), the CPU backend's q8_0 cache bit for bit.
+    Q8_0(CudaSlice<Q8KvByte>, usize),
+    /// q4_0 blocks (18 bytes per 32 values), the CPU backend's q4_0 cache bit for bit.
+    Q4_0(CudaSlice<Q4KvByte>, usize),
 }
 
 impl CudaKv {
     fn len(&self) -> usize {
         match self {
-            CudaKv::F32(_, n) | CudaKv::F16(_, n) => *n,
+            CudaKv::F32(_, n) | CudaKv::F16(_, n) | CudaKv::Q8_0(_, n) | CudaKv::Q4_0(_, n) => *n,
         }
     }
+
+    /// Storage type.
+    pub fn kv_type(&self) -> KvCacheType {
+        match self {
+            CudaKv::F32(..) => KvCacheType::F32,
+            CudaKv::F16(..) => KvCacheType::F16,
+            CudaKv::Q8_0(..) => KvCacheType::Q8_0,
+            CudaKv::Q4_0(..) => KvCacheType::Q4_0,
+        }
+    }
+
+    /// Device bytes the cache's values occupy.
+    pub fn bytes(&self) -> usize {
+        self.kv_type().bytes_for(self.len())
+    }
+}
+
+/// The type-independent arguments of one attention call.
+struct AttnCall<'a, 'q> {
+    q: &'a CudaView<'q, f32>,
+    l: &'a AttnLayout,
+    cap: usize,
+    pos0: usize,
+    n_tokens: usize,
+    chunk: usize,
 }
 
 /// Device scratch reused across calls; grows on demand (bounded, see [`MemoryPlan`]).
@@ -76,6 +116,8 @@ struct Scratch {
     e: Option<CudaSlice<i32>>,
     ids: Option<CudaSlice<i32>>,
     kv16: Option<CudaSlice<f16>>,
+    kvq8: Option<CudaSlice<Q8KvByte>>,
+    kvq4: Option<CudaSlice<Q4KvByte>>,
 }
 
 /// qwen-model's `Backend` on one CUDA device.
@@ -152,6 +194,8 @@ impl CudaBackend {
                 e: None,
                 ids: None,
                 kv16: None,
+                kvq8: None,
+                kvq4: None,
             }),
             error: Mutex::new(None),
         })
@@ -195,7 +239,7 @@ impl CudaBackend {
             return Err(CudaError::OutOfMemory(format!(
                 "the model does not fit on CUDA device {}: needs {} but {:.1} MiB of {:.1} MiB \
                  are free; lower the context (KV cache), the prefill chunk (workspace), use an \
-                 f16 KV cache, or a smaller quantization",
+                 f16, q8_0 or q4_0 KV cache, or a smaller quantization",
                 self.ordinal,
                 plan.describe(),
                 mib(free),
@@ -324,31 +368,78 @@ impl CudaBackend {
                     .map_err(|e| CudaError::driver(OP, e))
             }
             CudaKv::F16(d, _) => {
-                // The f16 store kernel writes rows of 256 values (one head at one position); a
-                // contiguous range of whole rows is `len / 256` one-head "positions". It stores
-                // K and V together: V goes to a scratch row block that nothing reads.
-                if !dst_off.is_multiple_of(HEAD_DIM) || !len.is_multiple_of(HEAD_DIM) {
-                    return Err(CudaError::Unsupported {
-                        op: OP,
-                        what: format!(
-                            "f16 cache writes need whole rows of {HEAD_DIM} (offset {dst_off}, \
-                             length {len})"
-                        ),
-                    });
-                }
-                let rows = len / HEAD_DIM;
-                let mut d = d
-                    .try_slice_mut(dst_off..dst_off + len)
-                    .ok_or_else(|| range_err(OP, dst_off, len, cap))?;
                 let mut sc = lock(&self.scratch);
-                let junk = self.grow(&mut sc.kv16, len, "f16 KV scratch")?;
-                let mut junk = junk.slice_mut(0..len);
-                let layout = KvLayout::token_major::<f16>(1, rows);
-                self.gpu
-                    .kv_store(&s, &s, HEAD_DIM, &mut d, &mut junk, layout, 0, rows)?;
-                Ok(())
+                self.kv_store_rows(&s, d, cap, &mut sc.kv16, dst_off, len, "f16")
+            }
+            CudaKv::Q8_0(d, _) => {
+                let mut sc = lock(&self.scratch);
+                self.kv_store_rows(&s, d, cap, &mut sc.kvq8, dst_off, len, "q8_0")
+            }
+            CudaKv::Q4_0(d, _) => {
+                let mut sc = lock(&self.scratch);
+                self.kv_store_rows(&s, d, cap, &mut sc.kvq4, dst_off, len, "q4_0")
             }
         }
+    }
+
+    /// Converts `len` values of `src` into `dst` (a cache of `cap` values) at value `dst_off`
+    /// with the store kernel of `T`. The kernel writes rows of 256 values (one head at one
+    /// position); a contiguous range of whole rows is `len / 256` one-head "positions". It
+    /// stores K and V together: V goes to the scratch rows in `junk`, which nothing reads.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_store_rows<T: KvElem + ValidAsZeroBits>(
+        &self,
+        src: &CudaView<'_, f32>,
+        dst: &mut CudaSlice<T>,
+        cap: usize,
+        junk: &mut Option<CudaSlice<T>>,
+        dst_off: usize,
+        len: usize,
+        name: &str,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "kv_write";
+        if !dst_off.is_multiple_of(HEAD_DIM) || !len.is_multiple_of(HEAD_DIM) {
+            return Err(CudaError::Unsupported {
+                op: OP,
+                what: format!(
+                    "{name} cache writes need whole rows of {HEAD_DIM} (offset {dst_off}, \
+                     length {len})"
+                ),
+            });
+        }
+        let rows = len / HEAD_DIM;
+        let (e0, n) = (dst_off / HEAD_DIM * T::ROW_ELEMS, rows * T::ROW_ELEMS);
+        let mut d = dst
+            .try_slice_mut(e0..e0 + n)
+            .ok_or_else(|| range_err(OP, dst_off, len, cap))?;
+        let junk = self.grow(junk, n, "KV store scratch")?;
+        let mut junk = junk.slice_mut(0..n);
+        let layout = KvLayout::token_major::<T>(1, rows);
+        self.gpu
+            .kv_store(src, src, HEAD_DIM, &mut d, &mut junk, layout, 0, rows)?;
+        Ok(())
+    }
+
+    /// The stored bytes of a KV cache (little-endian f32/f16 elements, or the q8_0/q4_0 blocks,
+    /// token-major as on the CPU), after every enqueued op; for tests and debugging.
+    pub fn download_kv(&self, kv: &CudaKv) -> Result<Vec<u8>, CudaError> {
+        const OP: &str = "download KV cache";
+        let st = self.gpu.stream();
+        let bytes = match kv {
+            CudaKv::F32(d, _) => st
+                .clone_dtoh(d)
+                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            CudaKv::F16(d, _) => st
+                .clone_dtoh(d)
+                .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            CudaKv::Q8_0(d, _) => st.clone_dtoh(d).map(|v| v.iter().map(|b| b.0).collect()),
+            CudaKv::Q4_0(d, _) => st.clone_dtoh(d).map(|v| v.iter().map(|b| b.0).collect()),
+        };
+        let mut bytes: Vec<u8> = bytes.map_err(|e| CudaError::driver(OP, e))?;
+        self.synchronize()?;
+        // Allocations keep at least one element; report exactly the cache's bytes.
+        bytes.truncate(kv.bytes());
+        Ok(bytes)
     }
 
     fn try_embed(
@@ -510,52 +601,61 @@ impl CudaBackend {
         let mut sc = lock(&self.scratch);
         let scr = self.grow(&mut sc.attn, need, "attention scratch")?;
         let mut scr = scr.slice_mut(0..need);
+        let a = AttnCall {
+            q: &qv,
+            l,
+            cap,
+            pos0,
+            n_tokens,
+            chunk,
+        };
         match (k_cache, v_cache) {
-            (CudaKv::F32(kc, _), CudaKv::F32(vc, _)) => {
-                let kl = KvLayout::token_major::<f32>(l.n_kv_heads, cap);
-                self.gpu.attention(
-                    &qv,
-                    l.q_token_stride,
-                    l.q_head_stride,
-                    &kc.slice(..),
-                    &vc.slice(..),
-                    kl,
-                    l.n_q_heads,
-                    pos0,
-                    n_tokens,
-                    l.scale,
-                    chunk,
-                    &mut scr,
-                    &mut ov,
-                    o_stride,
-                )?;
+            (CudaKv::F32(kc, _), CudaKv::F32(vc, _)) => self.attend(&a, kc, vc, &mut scr, &mut ov),
+            (CudaKv::F16(kc, _), CudaKv::F16(vc, _)) => self.attend(&a, kc, vc, &mut scr, &mut ov),
+            (CudaKv::Q8_0(kc, _), CudaKv::Q8_0(vc, _)) => {
+                self.attend(&a, kc, vc, &mut scr, &mut ov)
             }
-            (CudaKv::F16(kc, _), CudaKv::F16(vc, _)) => {
-                let kl = KvLayout::token_major::<f16>(l.n_kv_heads, cap);
-                self.gpu.attention(
-                    &qv,
-                    l.q_token_stride,
-                    l.q_head_stride,
-                    &kc.slice(..),
-                    &vc.slice(..),
-                    kl,
-                    l.n_q_heads,
-                    pos0,
-                    n_tokens,
-                    l.scale,
-                    chunk,
-                    &mut scr,
-                    &mut ov,
-                    o_stride,
-                )?;
+            (CudaKv::Q4_0(kc, _), CudaKv::Q4_0(vc, _)) => {
+                self.attend(&a, kc, vc, &mut scr, &mut ov)
             }
-            _ => {
-                return Err(CudaError::Unsupported {
-                    op: OP,
-                    what: "k and v caches of different types".into(),
-                })
-            }
+            (k, v) => Err(CudaError::Unsupported {
+                op: OP,
+                what: format!(
+                    "a {} k cache with a {} v cache (the attention kernels read one type for both)",
+                    k.kv_type(),
+                    v.kv_type()
+                ),
+            }),
         }
+    }
+
+    /// The split-K attention kernels over caches of element type `T`.
+    fn attend<T: KvElem>(
+        &self,
+        a: &AttnCall<'_, '_>,
+        kc: &CudaSlice<T>,
+        vc: &CudaSlice<T>,
+        scr: &mut CudaViewMut<'_, f32>,
+        ov: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), CudaError> {
+        let l = a.l;
+        let kl = KvLayout::token_major::<T>(l.n_kv_heads, a.cap);
+        self.gpu.attention(
+            a.q,
+            l.q_token_stride,
+            l.q_head_stride,
+            &kc.slice(..),
+            &vc.slice(..),
+            kl,
+            l.n_q_heads,
+            a.pos0,
+            a.n_tokens,
+            l.scale,
+            a.chunk,
+            scr,
+            ov,
+            l.n_q_heads * HEAD_DIM,
+        )?;
         Ok(())
     }
 
@@ -608,7 +708,13 @@ impl CudaBackend {
         let sav = view(OP, a, 0, hv)?;
         let mut sv = view_mut(OP, state, 0, d.state_len())?;
         let mut ov = view_mut(OP, out, 0, n_tokens * d.value_dim())?;
-        self.gpu.delta_rule(
+        let delta_rule = if gdn_chunked(n_tokens) {
+            Gpu::delta_rule_chunked
+        } else {
+            Gpu::delta_rule
+        };
+        delta_rule(
+            &self.gpu,
             &qv,
             &kv,
             cd,
@@ -691,6 +797,22 @@ impl Backend for CudaBackend {
         Ok(match ty {
             KvType::F32 => CudaKv::F32(self.alloc_zeros(len, "f32 KV cache")?, len),
             KvType::F16 => CudaKv::F16(self.alloc_zeros(len, "f16 KV cache")?, len),
+        })
+    }
+
+    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CudaKv, ModelError> {
+        if !len.is_multiple_of(ty.block_len()) {
+            return Err(ModelError::BadArgument(format!(
+                "{ty} KV cache of {len} values is not a whole number of {}-value blocks",
+                ty.block_len()
+            )));
+        }
+        let bytes = ty.bytes_for(len);
+        Ok(match ty {
+            KvCacheType::F32 => self.alloc_kv(len, KvType::F32)?,
+            KvCacheType::F16 => self.alloc_kv(len, KvType::F16)?,
+            KvCacheType::Q8_0 => CudaKv::Q8_0(self.alloc_zeros(bytes, "q8_0 KV cache")?, len),
+            KvCacheType::Q4_0 => CudaKv::Q4_0(self.alloc_zeros(bytes, "q4_0 KV cache")?, len),
         })
     }
 
@@ -992,6 +1114,65 @@ impl Backend for CudaBackend {
             let yv = view(OP, y, 0, len)?;
             let mut xv = view_mut(OP, x, 0, len)?;
             Ok(self.gpu.add_inplace(&mut xv, &yv, len)?)
+        })();
+        self.record(r);
+    }
+
+    fn rms_norm_hadamard(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        n: usize,
+        eps: f32,
+        block: usize,
+    ) {
+        const OP: &str = "rms_norm_hadamard";
+        if rows == 0 {
+            return;
+        }
+        if !Gpu::rotation_fits(n, block) || n > Gpu::RMS_NORM_HADAMARD_MAX_N {
+            // A row longer than shared memory (or a block the kernels refuse): the two ops,
+            // which report a refused block themselves.
+            self.rms_norm(x, w, out, rows, n, eps);
+            self.hadamard(out, rows * n, block);
+            return;
+        }
+        let r = (|| {
+            let xv = view(OP, x, 0, rows * n)?;
+            let wv = view(OP, w, 0, n)?;
+            let mut ov = view_mut(OP, out, 0, rows * n)?;
+            Ok(self
+                .gpu
+                .rms_norm_hadamard(&xv, n, &mut ov, n, &wv, n, rows, eps, block)?)
+        })();
+        self.record(r);
+    }
+
+    fn swiglu_hadamard(
+        &self,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        out: &mut CudaBuf,
+        len: usize,
+        block: usize,
+    ) {
+        const OP: &str = "swiglu_hadamard";
+        if len == 0 {
+            return;
+        }
+        if !Gpu::rotation_fits(len, block) {
+            self.copy(gate, 0, out, 0, len);
+            self.swiglu(out, up, len);
+            self.hadamard(out, len, block);
+            return;
+        }
+        let r = (|| {
+            let gv = view(OP, gate, 0, len)?;
+            let uv = view(OP, up, 0, len)?;
+            let mut ov = view_mut(OP, out, 0, len)?;
+            Ok(self.gpu.swiglu_hadamard(&gv, &uv, &mut ov, len, block)?)
         })();
         self.record(r);
     }

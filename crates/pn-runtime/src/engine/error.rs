@@ -43,26 +43,68 @@ pub enum EngineError {
     #[error("unknown device `{0}` (expected `cpu`, `cuda` or `cuda:N`)")]
     UnknownDevice(String),
     /// CUDA was requested but this build has no CUDA kernels.
-    #[error("CUDA requested (device {ordinal}) but this build has no CUDA kernels ({reason}); use --device cpu")]
+    #[error("CUDA requested (device cuda:{ordinal}) but this build has no CUDA kernels ({reason}); use --device cpu")]
     CudaNoKernels {
         /// Device ordinal requested.
         ordinal: usize,
         /// Why there are no kernels (from `pn --version`).
         reason: String,
     },
-    /// CUDA was requested; the engine's CUDA backend is not part of this build yet.
-    #[error("CUDA backend not yet available in this build (device cuda:{ordinal} requested); use --device cpu")]
-    CudaUnavailable {
+    /// CUDA was requested but the NVIDIA driver library cannot be loaded.
+    #[error("CUDA requested (device cuda:{ordinal}) but the NVIDIA driver library (libcuda.so.1) is not present: install the NVIDIA driver or use --device cpu")]
+    CudaNoDriver {
         /// Device ordinal requested.
         ordinal: usize,
     },
+    /// CUDA was requested for a device ordinal that does not exist.
+    #[error("CUDA device cuda:{ordinal} does not exist ({count} present); pick another with --device cuda:N or use --device cpu")]
+    CudaNoDevice {
+        /// Device ordinal requested.
+        ordinal: usize,
+        /// Devices present.
+        count: i32,
+    },
+    /// The CUDA device could not be opened or the model could not be put on it.
+    #[error("CUDA device cuda:{ordinal}: {source}")]
+    Cuda {
+        /// Device ordinal.
+        ordinal: usize,
+        /// The backend's error.
+        source: crate::cuda::CudaError,
+    },
+    /// The model, one session's KV cache and state, and the backend's scratch do not fit in the
+    /// device's free memory.
+    #[error("the model does not fit on CUDA device cuda:{ordinal}: it needs {} but {free_mib} MiB of {total_mib} MiB are free; use a smaller -c (KV cache), a smaller KV type (--cache-type-k/-v), fewer prompt-cache checkpoints, or a smaller quantization", .plan.describe())]
+    CudaOutOfMemory {
+        /// Device ordinal.
+        ordinal: usize,
+        /// Every term of the footprint.
+        plan: crate::cuda::MemoryPlan,
+        /// Free device memory in MiB.
+        free_mib: u64,
+        /// Device memory in MiB.
+        total_mib: u64,
+    },
+    /// K and V caches of different types on a backend whose attention kernels read one type
+    /// for both.
+    #[error("K cache type {k} and V cache type {v} differ, which {device} does not support; use the same type for both (--cache-type-k/--cache-type-v)")]
+    MixedKvTypes {
+        /// The K cache type asked for.
+        k: String,
+        /// The V cache type asked for.
+        v: String,
+        /// The device.
+        device: String,
+    },
     /// The KV cache element type is not supported by the chosen backend.
-    #[error("KV cache type {kv} is not supported on {device} (supported: f32)")]
+    #[error("KV cache type {kv} is not supported on {device} (supported: {supported})")]
     UnsupportedKvType {
         /// The type asked for.
         kv: String,
         /// The device.
         device: String,
+        /// The types the device supports, comma-separated.
+        supported: String,
     },
     /// The context asked for is longer than the model was trained for.
     #[error("context {requested} is larger than the model supports ({max}, `qwen35.context_length`); use -c {max} or less")]

@@ -34,9 +34,11 @@ pub use session::{
 };
 
 use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::cuda::CudaBackend;
 use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
-use qwen_model::{CpuBackend, Model};
+use gguf_io::GgufFile;
+use qwen_model::{CpuBackend, Model, ModelConfig};
 use std::path::{Path, PathBuf};
 
 /// The model that ships in the repository and that `pn run` / `pn chat` use without `-m`: a
@@ -58,10 +60,32 @@ pub const DEMO_MODEL_F16_PATH: &str = concat!(
 /// `tokenizer.chat_template` (the demo model, plain base models).
 pub const FALLBACK_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
+/// The model bound to the backend of the device it was loaded on. Sessions are generic over the
+/// backend; this enum is the one place the engine picks one.
+// One per engine, created once and never moved in bulk: boxing the larger variant buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum LoadedModel {
+    /// On the CPU backend.
+    Cpu(Model<CpuBackend>),
+    /// On a CUDA device.
+    Cuda(Model<CudaBackend>),
+}
+
+/// Runs `$body` with `$m` bound to the `Model<B>` inside a [`LoadedModel`], whatever `B` is.
+macro_rules! with_model {
+    ($loaded:expr, $m:ident => $body:expr) => {
+        match $loaded {
+            $crate::engine::LoadedModel::Cpu($m) => $body,
+            $crate::engine::LoadedModel::Cuda($m) => $body,
+        }
+    };
+}
+pub(crate) use with_model;
+
 /// A loaded model, ready to generate. `Send + Sync`: share it (`Arc<Engine>` or `&Engine`)
 /// between threads, each with its own [`Session`].
 pub struct Engine {
-    model: Model<CpuBackend>,
+    model: LoadedModel,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     template_is_fallback: bool,
@@ -107,8 +131,46 @@ impl Engine {
         Session::new(self)
     }
 
-    /// The loaded model (configuration, weights, backend).
-    pub fn model(&self) -> &Model<CpuBackend> {
+    /// The model when it runs on the CPU backend (for CPU-only tuning such as thread counts);
+    /// `None` on a CUDA device.
+    pub fn cpu_model(&self) -> Option<&Model<CpuBackend>> {
+        match &self.model {
+            LoadedModel::Cpu(m) => Some(m),
+            LoadedModel::Cuda(_) => None,
+        }
+    }
+
+    /// The model when it runs on a CUDA device; `None` on the CPU.
+    pub fn cuda_model(&self) -> Option<&Model<CudaBackend>> {
+        match &self.model {
+            LoadedModel::Cuda(m) => Some(m),
+            LoadedModel::Cpu(_) => None,
+        }
+    }
+
+    /// The model's configuration (shapes, vocabulary, layer kinds), whatever the backend.
+    pub fn config(&self) -> &ModelConfig {
+        with_model!(&self.model, m => &m.config)
+    }
+
+    /// The GGUF file the model was loaded from (metadata, tensor table).
+    pub fn file(&self) -> &GgufFile {
+        with_model!(&self.model, m => m.file())
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> Device {
+        self.options.device
+    }
+
+    /// The backend's human-readable name (the CPU's thread count, the CUDA device's ordinal and
+    /// compute capability).
+    pub fn backend_name(&self) -> String {
+        use qwen_model::Backend;
+        with_model!(&self.model, m => m.backend.name())
+    }
+
+    pub(crate) fn loaded(&self) -> &LoadedModel {
         &self.model
     }
 
@@ -154,8 +216,7 @@ impl Engine {
 
     /// Number of weights (elements of every tensor in the file, MTP block included).
     pub fn n_params(&self) -> u64 {
-        self.model
-            .file()
+        self.file()
             .tensor_infos()
             .iter()
             .map(|t| t.dims.iter().product::<u64>())
@@ -182,5 +243,13 @@ mod tests {
     #[test]
     fn engine_is_send_and_sync() {
         assert_send_sync::<Engine>();
+    }
+
+    fn assert_send<T: Send>() {}
+
+    /// Servers hand sessions to worker threads; the CUDA variant must not take that away.
+    #[test]
+    fn session_is_send() {
+        assert_send::<Session<'static>>();
     }
 }

@@ -83,6 +83,10 @@ pub struct EngineOptions {
     pub batch: usize,
     /// A chat template to use instead of the model's `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// Where the chat template renders: in this process (the default), or in a sandboxed child
+    /// process for templates from untrusted model files (see
+    /// [`TemplateIsolation`](crate::chat_template::TemplateIsolation)).
+    pub template_isolation: crate::chat_template::TemplateIsolation,
     /// Prompt cache: a recurrent-state checkpoint every this many prompt tokens (0: only at
     /// turn starts and prompt ends). See [`checkpoint_bytes`](super::checkpoint_bytes) for
     /// the size of one.
@@ -106,6 +110,7 @@ impl Default for EngineOptions {
             validate_pn: true,
             batch: 64,
             chat_template: None,
+            template_isolation: crate::chat_template::TemplateIsolation::InProcess,
             prompt_cache_interval: DEFAULT_PROMPT_CACHE_INTERVAL,
             prompt_cache_checkpoints: DEFAULT_PROMPT_CACHE_CHECKPOINTS,
             speculation: Speculation::default(),

@@ -2,12 +2,13 @@
 
 use super::error::{EngineError, Result};
 use super::prompt_cache::PromptCache;
-use super::Engine;
+use super::{Engine, LoadedModel};
 use crate::chat_template::ChatMessage;
+use crate::cuda::CudaBackend;
 use crate::sampling::{Sampler, SamplingParams, StopStrings, StopTokens};
-use crate::speculative::{SpecDecoder, SpecStats, Speculation};
+use crate::speculative::{SpecControl, SpecDecoder, SpecStats, Speculation};
 use crate::tokenizer::StreamDecoder;
-use qwen_model::{CpuBackend, Outputs, State, Workspace};
+use qwen_model::{Backend, CpuBackend, Model, Outputs, State, Workspace};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -180,10 +181,213 @@ pub type ProgressFn = Box<dyn FnMut(usize, usize) + Send>;
 
 /// One sequence: its KV cache and recurrent state, the tokens it holds, and the logits of its
 /// last position. Sessions of one engine are independent of each other.
+///
+/// The same on every device: the sequence logic lives in a session core generic over the
+/// backend, and this type picks the core of the engine's device.
 pub struct Session<'e> {
+    core: AnyCore<'e>,
+}
+
+/// A session core on whichever backend the engine was loaded on.
+// One per session, long-lived: boxing the larger variant would only add an indirection.
+#[allow(clippy::large_enum_variant)]
+enum AnyCore<'e> {
+    Cpu(SessionCore<'e, CpuBackend>),
+    Cuda(SessionCore<'e, CudaBackend>),
+}
+
+/// Runs `$body` with `$c` bound to the `SessionCore<B>` inside an [`AnyCore`], whatever `B` is.
+macro_rules! with_core {
+    ($core:expr, $c:ident => $body:expr) => {
+        match $core {
+            AnyCore::Cpu($c) => $body,
+            AnyCore::Cuda($c) => $body,
+        }
+    };
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("tokens", &self.len())
+            .field("pending", &with_core!(&self.core, c => c.pending))
+            .field("context", &self.context())
+            .field("device", &self.engine().device())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'e> Session<'e> {
+    pub(super) fn new(engine: &'e Engine) -> Result<Session<'e>> {
+        let core = match engine.loaded() {
+            LoadedModel::Cpu(m) => AnyCore::Cpu(SessionCore::new(engine, m)?),
+            LoadedModel::Cuda(m) => AnyCore::Cuda(SessionCore::new(engine, m)?),
+        };
+        Ok(Session { core })
+    }
+
+    /// The engine this session runs on.
+    pub fn engine(&self) -> &'e Engine {
+        with_core!(&self.core, c => c.engine)
+    }
+
+    /// Reports progress of long prompts (for a progress bar).
+    pub fn set_progress(&mut self, f: Option<ProgressFn>) {
+        with_core!(&mut self.core, c => c.progress = f);
+    }
+
+    /// Changes this session's speculative decoding (the engine's option is the default).
+    /// Turning it on mid-sequence works; the MTP head lacks the earlier rows until then.
+    pub fn set_speculation(&mut self, spec: Speculation) {
+        with_core!(&mut self.core, c => c.spec = SpecDecoder::for_model(c.model, spec));
+    }
+
+    /// The speculative decoder's controls, when speculation is on (statistics, draft count,
+    /// and a custom drafter or acceptance rule for tests).
+    pub fn speculation_mut(&mut self) -> Option<&mut dyn SpecControl> {
+        with_core!(&mut self.core, c => c.spec.as_mut().map(|sp| sp as &mut dyn SpecControl))
+    }
+
+    /// Every token of the sequence (prompts and generated tokens).
+    pub fn tokens(&self) -> Vec<u32> {
+        with_core!(&self.core, c => c.tokens())
+    }
+
+    /// Positions in use.
+    pub fn len(&self) -> usize {
+        with_core!(&self.core, c => c.len())
+    }
+
+    /// Whether the session holds no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions the session can hold.
+    pub fn context(&self) -> usize {
+        with_core!(&self.core, c => c.context())
+    }
+
+    /// Back to an empty sequence; the prompt cache is emptied too.
+    pub fn reset(&mut self) {
+        with_core!(&mut self.core, c => c.reset());
+    }
+
+    /// Positions of the prompt cache's checkpoints (ascending): a new sequence that diverges
+    /// from this session's tokens at position `p` is recomputed from the largest of them `<= p`.
+    pub fn prompt_cache_positions(&self) -> Vec<usize> {
+        with_core!(&self.core, c => c.cache.positions())
+    }
+
+    /// The logits after the last processed token, when no sampled token is waiting to be
+    /// processed (after a prompt, before the generation samples).
+    pub fn logits(&self) -> Option<&[f32]> {
+        with_core!(&self.core, c => c.has_logits.then_some(c.logits.as_slice()))
+    }
+
+    /// Bytes the prompt cache's checkpoints hold (recurrent states and logits).
+    pub fn prompt_cache_bytes(&self) -> u64 {
+        with_core!(&self.core, c => c.cache.bytes(&c.model.config))
+    }
+
+    /// Appends `tokens` to the sequence and returns the logits after the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        with_core!(&mut self.core, c => c.feed(tokens))
+    }
+
+    /// Appends `tokens` and returns the logits after each of them (`tokens.len() x vocab`,
+    /// row `t` predicting the token after `tokens[t]`), for perplexity and KL measurements.
+    pub fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        with_core!(&mut self.core, c => c.feed_all_logits(tokens))
+    }
+
+    fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Text(s) => Ok(self.engine().tokenizer().encode(&s)?),
+            Prompt::Tokens(t) => Ok(t),
+        }
+    }
+
+    /// Appends `prompt` to the sequence and streams the continuation. The prompt is processed
+    /// here (errors such as a prompt longer than the context come back now); each call of the
+    /// iterator then samples one token.
+    pub fn generate(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        stop: StopConditions,
+    ) -> Result<Generation<'_, 'e>> {
+        let tokens = self.tokenize(prompt.into())?;
+        let run = with_core!(&mut self.core, c => c.start_append(&tokens))?;
+        Ok(Generation::new(self, params, stop, run))
+    }
+
+    /// Makes the session hold exactly `prompt` (the whole sequence, not an addition to it) and
+    /// streams the continuation. The longest prefix the session can reuse is kept and only the
+    /// rest is processed; [`Timings::prompt_tokens`] counts the processed tokens. Servers use this
+    /// for requests that each carry a whole conversation.
+    pub fn generate_sequence(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        stop: StopConditions,
+    ) -> Result<Generation<'_, 'e>> {
+        let full = self.tokenize(prompt.into())?;
+        let run = with_core!(&mut self.core, c => c.start_sequence(&full))?;
+        Ok(Generation::new(self, params, stop, run))
+    }
+
+    /// How many leading tokens of `tokens` this session would not process again if
+    /// [`generate_sequence`](Self::generate_sequence) (or [`chat`](Self::chat)) got `tokens`
+    /// now: the session's tokens when `tokens` extends them, else the position of the newest
+    /// prompt-cache checkpoint within the common prefix, else 0. Servers use it to pick, among
+    /// several sessions, the one that already holds a conversation.
+    pub fn reusable_prefix(&self, tokens: &[u32]) -> usize {
+        with_core!(&self.core, c => c.reusable_prefix(tokens))
+    }
+
+    /// Renders `messages` with the model's chat template (plus the assistant generation prompt)
+    /// and streams the assistant's reply. The session keeps the conversation: call again with
+    /// the reply and the next user message appended, and only the tokens after the reusable
+    /// prefix are processed (after the session's tokens when the rendering extends them, else
+    /// after the prompt-cache checkpoint before the last turn's assistant reply, for templates
+    /// that re-render earlier replies differently).
+    pub fn chat(
+        &mut self,
+        messages: &[ChatMessage],
+        params: SamplingParams,
+        stop: StopConditions,
+    ) -> Result<Generation<'_, 'e>> {
+        let text = self.engine().render_chat(messages)?;
+        let full = self.engine().tokenizer().encode(&text)?;
+        let run = with_core!(&mut self.core, c => c.start_sequence(&full))?;
+        Ok(Generation::new(self, params, stop, run))
+    }
+}
+
+/// What processing a generation's prompt did: tokens processed, tokens reused, time taken.
+struct PromptRun {
+    processed: usize,
+    reused: usize,
+    time: Duration,
+}
+
+/// The last speculative step's run `[x_n, accepted drafts, next]`, how many of its tokens
+/// after `x_n` were emitted, and the length of the session's tokens before it. The session's
+/// tokens follow the emitted ones; its state may be ahead until it settles.
+#[derive(Default)]
+struct SpecRun {
+    tokens: Vec<u32>,
+    emitted: usize,
+    base: usize,
+}
+
+/// A session on backend `B`: everything [`Session`] does, written once for every backend.
+struct SessionCore<'e, B: Backend> {
     engine: &'e Engine,
-    state: State<CpuBackend>,
-    ws: Workspace<CpuBackend>,
+    model: &'e Model<B>,
+    state: State<B>,
+    ws: Workspace<B>,
     /// Tokens the state has processed.
     fed: Vec<u32>,
     /// A sampled token not yet processed (it is, before anything else is).
@@ -193,27 +397,17 @@ pub struct Session<'e> {
     has_logits: bool,
     /// Checkpoints of the recurrent state at positions of `fed`, to continue from a prefix when
     /// a new sequence diverges from this one (the recurrent layers cannot be rewound otherwise).
-    cache: PromptCache<CpuBackend>,
+    cache: PromptCache<B>,
     progress: Option<ProgressFn>,
     /// Speculative decoder (MTP cache catch-up, draft/verify/accept), when speculation is on.
-    spec: Option<SpecDecoder<CpuBackend>>,
+    spec: Option<SpecDecoder<B>>,
 }
 
-impl std::fmt::Debug for Session<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("tokens", &self.fed.len())
-            .field("pending", &self.pending)
-            .field("context", &self.state.capacity())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'e> Session<'e> {
-    pub(super) fn new(engine: &'e Engine) -> Result<Session<'e>> {
-        let model = engine.model();
-        Ok(Session {
+impl<'e, B: Backend> SessionCore<'e, B> {
+    fn new(engine: &'e Engine, model: &'e Model<B>) -> Result<SessionCore<'e, B>> {
+        Ok(SessionCore {
             engine,
+            model,
             state: model.new_state_with_kv_types(
                 engine.context(),
                 engine.options().kv_type_k,
@@ -233,64 +427,33 @@ impl<'e> Session<'e> {
         })
     }
 
-    /// The engine this session runs on.
-    pub fn engine(&self) -> &'e Engine {
-        self.engine
-    }
-
-    /// Reports progress of long prompts (for a progress bar).
-    pub fn set_progress(&mut self, f: Option<ProgressFn>) {
-        self.progress = f;
-    }
-
-    /// Changes this session's speculative decoding (the engine's option is the default).
-    /// Turning it on mid-sequence works; the MTP head lacks the earlier rows until then.
-    pub fn set_speculation(&mut self, spec: Speculation) {
-        self.spec = SpecDecoder::for_model(self.engine.model(), spec);
-    }
-
     /// A generation that stopped inside a speculative run leaves the state ahead of the
     /// session's tokens (the emitted ones): roll it back before the state is used again.
     fn settle_spec(&mut self) -> Result<()> {
         let n = self.fed.len();
         if self.state.pos() > n {
             let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
-            sp.rollback_to(self.engine.model(), &mut self.state, &mut self.ws, n)?;
+            sp.rollback_to(self.model, &mut self.state, &mut self.ws, n)?;
         }
         Ok(())
     }
 
-    /// The speculative decoder, when speculation is on (statistics, draft count, and a custom
-    /// drafter or acceptance rule for tests).
-    pub fn speculation_mut(&mut self) -> Option<&mut SpecDecoder<CpuBackend>> {
-        self.spec.as_mut()
-    }
-
-    /// Every token of the sequence (prompts and generated tokens).
-    pub fn tokens(&self) -> Vec<u32> {
+    fn tokens(&self) -> Vec<u32> {
         let mut t = self.fed.clone();
         t.extend(self.pending);
         t
     }
 
-    /// Positions in use.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.fed.len() + usize::from(self.pending.is_some())
     }
 
-    /// Whether the session holds no tokens.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Positions the session can hold.
-    pub fn context(&self) -> usize {
+    fn context(&self) -> usize {
         self.state.capacity()
     }
 
-    /// Back to an empty sequence; the prompt cache is emptied too.
-    pub fn reset(&mut self) {
-        let m = self.engine.model();
+    fn reset(&mut self) {
+        let m = self.model;
         self.state.reset(&m.config, &m.backend);
         self.fed.clear();
         self.pending = None;
@@ -298,25 +461,7 @@ impl<'e> Session<'e> {
         self.cache.clear();
     }
 
-    /// Positions of the prompt cache's checkpoints (ascending): a new sequence that diverges
-    /// from this session's tokens at position `p` is recomputed from the largest of them `<= p`.
-    pub fn prompt_cache_positions(&self) -> Vec<usize> {
-        self.cache.positions()
-    }
-
-    /// The logits after the last processed token, when no sampled token is waiting to be
-    /// processed (after a prompt, before the generation samples).
-    pub fn logits(&self) -> Option<&[f32]> {
-        self.has_logits.then_some(self.logits.as_slice())
-    }
-
-    /// Bytes the prompt cache's checkpoints hold (recurrent states and logits).
-    pub fn prompt_cache_bytes(&self) -> u64 {
-        self.cache.bytes(&self.engine.model().config)
-    }
-
-    /// Appends `tokens` to the sequence and returns the logits after the last one.
-    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+    fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         let mut all: Vec<u32> = self.pending.take().into_iter().collect();
         all.extend_from_slice(tokens);
         if all.is_empty() {
@@ -332,7 +477,7 @@ impl<'e> Session<'e> {
     /// prompt-cache checkpoint is taken; a mark at the current position is taken first.
     fn run_tokens(&mut self, all: &[u32], marks: &[usize]) -> Result<()> {
         self.settle_spec()?;
-        let m = self.engine.model();
+        let m = self.model;
         let total = all.len();
         let step = self.ws.max_rows();
         let start = self.fed.len();
@@ -392,7 +537,7 @@ impl<'e> Session<'e> {
             marks.dedup();
         }
         self.run_tokens(all, &marks)?;
-        let m = self.engine.model();
+        let m = self.model;
         self.cache.insert(
             &self.state,
             &m.config,
@@ -405,9 +550,7 @@ impl<'e> Session<'e> {
         Ok(())
     }
 
-    /// Appends `tokens` and returns the logits after each of them (`tokens.len() x vocab`,
-    /// row `t` predicting the token after `tokens[t]`), for perplexity and KL measurements.
-    pub fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.settle_spec()?;
         if let Some(p) = self.pending.take() {
             self.feed(&[p])?;
@@ -416,7 +559,7 @@ impl<'e> Session<'e> {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_room(tokens.len())?;
-        let model = self.engine.model();
+        let model = self.model;
         let vocab = model.config.vocab;
         let mut out = vec![0.0f32; tokens.len() * vocab];
         let step = self.ws.max_rows();
@@ -447,65 +590,25 @@ impl<'e> Session<'e> {
         Ok(())
     }
 
-    fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>> {
-        match prompt {
-            Prompt::Text(s) => Ok(self.engine.tokenizer().encode(&s)?),
-            Prompt::Tokens(t) => Ok(t),
-        }
-    }
-
-    /// Appends `prompt` to the sequence and streams the continuation. The prompt is processed
-    /// here (errors such as a prompt longer than the context come back now); each call of the
-    /// iterator then samples one token.
-    pub fn generate(
-        &mut self,
-        prompt: impl Into<Prompt>,
-        params: SamplingParams,
-        stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
-        let tokens = self.tokenize(prompt.into())?;
+    /// [`Session::generate`]'s prompt processing: appends the pending token and `tokens`.
+    fn start_append(&mut self, tokens: &[u32]) -> Result<PromptRun> {
         if tokens.is_empty() && !self.has_logits && self.pending.is_none() {
             return Err(EngineError::EmptyPrompt);
         }
         let t0 = Instant::now();
         let reused = self.fed.len();
         let mut all: Vec<u32> = self.pending.take().into_iter().collect();
-        all.extend_from_slice(&tokens);
+        all.extend_from_slice(tokens);
         let n = all.len();
         if n > 0 {
             self.check_room(n)?;
             self.run_prompt(&all)?;
         }
-        let prompt_time = t0.elapsed();
-        let mut g = Generation::new(self, params, stop, n, prompt_time);
-        g.timings.prompt_reused = reused;
-        Ok(g)
-    }
-
-    /// Makes the session hold exactly `prompt` (the whole sequence, not an addition to it) and
-    /// streams the continuation. The longest prefix the session can reuse is kept and only the
-    /// rest is processed; [`Timings::prompt_tokens`] counts the processed tokens. Servers use this
-    /// for requests that each carry a whole conversation.
-    pub fn generate_sequence(
-        &mut self,
-        prompt: impl Into<Prompt>,
-        params: SamplingParams,
-        stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
-        let full = self.tokenize(prompt.into())?;
-        self.start_sequence(full, params, stop)
-    }
-
-    /// How many leading tokens of `tokens` this session would not process again if
-    /// [`generate_sequence`](Self::generate_sequence) (or [`chat`](Self::chat)) got `tokens`
-    /// now: the session's tokens when `tokens` extends them, else the position of the newest
-    /// prompt-cache checkpoint within the common prefix, else 0. Servers use it to pick, among
-    /// several sessions, the one that already holds a conversation.
-    pub fn reusable_prefix(&self, tokens: &[u32]) -> usize {
-        match self.plan(tokens) {
-            Start::Live(n) | Start::Checkpoint(n) => n,
-            Start::Empty => 0,
-        }
+        Ok(PromptRun {
+            processed: n,
+            reused,
+            time: t0.elapsed(),
+        })
     }
 
     fn check_room_total(&self, n: usize) -> Result<()> {
@@ -519,45 +622,30 @@ impl<'e> Session<'e> {
         Ok(())
     }
 
-    /// Renders `messages` with the model's chat template (plus the assistant generation prompt)
-    /// and streams the assistant's reply. The session keeps the conversation: call again with
-    /// the reply and the next user message appended, and only the tokens after the reusable
-    /// prefix are processed (after the session's tokens when the rendering extends them, else
-    /// after the prompt-cache checkpoint before the last turn's assistant reply, for templates
-    /// that re-render earlier replies differently).
-    pub fn chat(
-        &mut self,
-        messages: &[ChatMessage],
-        params: SamplingParams,
-        stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
-        let text = self.engine.render_chat(messages)?;
-        let full = self.engine.tokenizer().encode(&text)?;
-        self.start_sequence(full, params, stop)
-    }
-
-    /// Brings the session to the longest reusable prefix of `full`, processes the rest and
-    /// starts the generation.
-    fn start_sequence(
-        &mut self,
-        full: Vec<u32>,
-        params: SamplingParams,
-        stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
+    /// Brings the session to the longest reusable prefix of `full` and processes the rest.
+    fn start_sequence(&mut self, full: &[u32]) -> Result<PromptRun> {
         if full.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_room_total(full.len())?;
         let t0 = Instant::now();
-        let reused = self.rewind_to_prefix_of(&full);
+        let reused = self.rewind_to_prefix_of(full);
         let n = full.len() - reused;
         if n > 0 {
             self.run_prompt(&full[reused..])?;
         }
-        let prompt_time = t0.elapsed();
-        let mut g = Generation::new(self, params, stop, n, prompt_time);
-        g.timings.prompt_reused = reused;
-        Ok(g)
+        Ok(PromptRun {
+            processed: n,
+            reused,
+            time: t0.elapsed(),
+        })
+    }
+
+    fn reusable_prefix(&self, tokens: &[u32]) -> usize {
+        match self.plan(tokens) {
+            Start::Live(n) | Start::Checkpoint(n) => n,
+            Start::Empty => 0,
+        }
     }
 
     /// Where a new sequence `full` would start from.
@@ -581,7 +669,7 @@ impl<'e> Session<'e> {
     /// Checkpoints past the common prefix are dropped (their KV rows get overwritten).
     fn rewind_to_prefix_of(&mut self, full: &[u32]) -> usize {
         let common = common_prefix(&self.fed, full);
-        let m = self.engine.model();
+        let m = self.model;
         let reused = match self.plan(full) {
             Start::Live(n) => n,
             Start::Checkpoint(pos) => {
@@ -617,6 +705,84 @@ impl<'e> Session<'e> {
         }
         reused
     }
+
+    /// The next token of a generation: from the current speculative `run`, else by a
+    /// speculative step (drafting at most `budget` tokens), else by a plain pass. `None`: the
+    /// context is full.
+    fn next_id(
+        &mut self,
+        sampler: &mut Sampler,
+        run: &mut SpecRun,
+        budget: usize,
+    ) -> Result<Option<u32>> {
+        if run.emitted + 1 < run.tokens.len() {
+            run.emitted += 1;
+            return Ok(Some(self.emit_from_run(run)));
+        }
+        if !self.has_logits {
+            let Some(p) = self.pending else {
+                return Err(EngineError::EmptyPrompt);
+            };
+            if self.fed.len() + 1 > self.context() {
+                return Ok(None);
+            }
+            if self.spec.is_some() && self.fed.len() + 2 <= self.context() {
+                return self.spec_step(sampler, run, p, budget).map(Some);
+            }
+            // `feed` processes the pending token first.
+            self.feed(&[])?;
+        }
+        if self.fed.len() >= self.context() {
+            // No room for the sampled token: stop before sampling one that cannot be kept.
+            return Ok(None);
+        }
+        let id = sampler.sample(&mut self.logits, &self.fed);
+        self.has_logits = false;
+        self.pending = Some(id);
+        Ok(Some(id))
+    }
+
+    /// Makes the session's tokens the emitted part of the run (the last one pending, as after
+    /// plain decoding) and returns the token just emitted.
+    fn emit_from_run(&mut self, run: &SpecRun) -> u32 {
+        let e = run.emitted;
+        self.fed.truncate(run.base);
+        self.fed.extend_from_slice(&run.tokens[..e]);
+        self.pending = Some(run.tokens[e]);
+        self.has_logits = false;
+        run.tokens[e]
+    }
+
+    /// Drafts, verifies `[x_n, drafts]` in one pass and starts emitting the accepted run.
+    /// Drafts stop short of `budget` and of the context.
+    fn spec_step(
+        &mut self,
+        sampler: &mut Sampler,
+        run: &mut SpecRun,
+        x_n: u32,
+        budget: usize,
+    ) -> Result<u32> {
+        let room = self.context() - self.fed.len() - 2;
+        let Some(sp) = self.spec.as_mut() else {
+            return Err(EngineError::EmptyPrompt);
+        };
+        let (accepted, next) = sp.step(
+            self.model,
+            &mut self.state,
+            &mut self.ws,
+            sampler,
+            &self.fed,
+            x_n,
+            budget.min(room),
+        )?;
+        run.base = self.fed.len();
+        run.tokens.clear();
+        run.tokens.push(x_n);
+        run.tokens.extend_from_slice(&accepted);
+        run.tokens.push(next);
+        run.emitted = 1;
+        Ok(self.emit_from_run(run))
+    }
 }
 
 /// Where a new sequence starts from (the number is the tokens reused).
@@ -646,12 +812,8 @@ pub struct Generation<'s, 'e> {
     cancel: CancelToken,
     timings: Timings,
     finish: Option<FinishReason>,
-    /// The last speculative step's run `[x_n, accepted drafts, next]`, how many of its tokens
-    /// after `x_n` were emitted, and the length of `fed` before it. The session's tokens
-    /// follow the emitted ones; its state may be ahead until it settles.
-    run: Vec<u32>,
-    run_emitted: usize,
-    run_base: usize,
+    /// The current speculative run (empty until a speculative step).
+    run: SpecRun,
 }
 
 impl std::fmt::Debug for Generation<'_, '_> {
@@ -668,10 +830,9 @@ impl<'s, 'e> Generation<'s, 'e> {
         session: &'s mut Session<'e>,
         params: SamplingParams,
         stop: StopConditions,
-        prompt_tokens: usize,
-        prompt_time: Duration,
+        prompt: PromptRun,
     ) -> Self {
-        let engine = session.engine;
+        let engine = session.engine();
         let stop_tokens = if stop.ignore_eog {
             StopTokens::new(stop.tokens.iter().copied())
         } else {
@@ -688,18 +849,19 @@ impl<'s, 'e> Generation<'s, 'e> {
             max_tokens: stop.max_tokens,
             cancel: stop.cancel.unwrap_or_default(),
             timings: Timings {
-                prompt_tokens,
-                prompt_time,
+                prompt_tokens: prompt.processed,
+                prompt_reused: prompt.reused,
+                prompt_time: prompt.time,
                 ..Timings::default()
             },
             finish: None,
-            run: Vec::new(),
-            run_emitted: 0,
-            run_base: 0,
+            run: SpecRun::default(),
             session: {
-                if let Some(sp) = session.spec.as_mut() {
-                    sp.reset_stats();
-                }
+                with_core!(&mut session.core, c => {
+                    if let Some(sp) = c.spec.as_mut() {
+                        sp.reset_stats();
+                    }
+                });
                 session
             },
         }
@@ -707,79 +869,16 @@ impl<'s, 'e> Generation<'s, 'e> {
 
     /// Speculative decoding counters of this generation (`None` when speculation is off).
     pub fn spec_stats(&self) -> Option<SpecStats> {
-        self.session.spec.as_ref().map(|sp| sp.stats())
+        with_core!(&self.session.core, c => c.spec.as_ref().map(|sp| sp.stats()))
     }
 
-    /// The next token: from the current speculative run, else by a speculative step, else by
-    /// a plain pass. `None`: the context is full.
+    /// The next token (see `SessionCore::next_id`); speculative drafts stop short of
+    /// `max_tokens`.
     fn next_id(&mut self) -> Result<Option<u32>> {
-        if self.run_emitted + 1 < self.run.len() {
-            self.run_emitted += 1;
-            return Ok(Some(self.emit_from_run()));
-        }
-        let s = &mut *self.session;
-        if !s.has_logits {
-            let Some(p) = s.pending else {
-                return Err(EngineError::EmptyPrompt);
-            };
-            if s.fed.len() + 1 > s.context() {
-                return Ok(None);
-            }
-            if s.spec.is_some() && s.fed.len() + 2 <= s.context() {
-                return self.spec_step(p).map(Some);
-            }
-            // `feed` processes the pending token first.
-            s.feed(&[])?;
-        }
-        if s.fed.len() >= s.context() {
-            // No room for the sampled token: stop before sampling one that cannot be kept.
-            return Ok(None);
-        }
-        let id = self.sampler.sample(&mut s.logits, &s.fed);
-        s.has_logits = false;
-        s.pending = Some(id);
-        Ok(Some(id))
-    }
-
-    /// Makes the session's tokens the emitted part of the run (the last one pending, as after
-    /// plain decoding) and returns the token just emitted.
-    fn emit_from_run(&mut self) -> u32 {
-        let s = &mut *self.session;
-        let e = self.run_emitted;
-        s.fed.truncate(self.run_base);
-        s.fed.extend_from_slice(&self.run[..e]);
-        s.pending = Some(self.run[e]);
-        s.has_logits = false;
-        self.run[e]
-    }
-
-    /// Drafts, verifies `[x_n, drafts]` in one pass and starts emitting the accepted run.
-    /// Drafts stop short of `max_tokens` and of the context.
-    fn spec_step(&mut self, x_n: u32) -> Result<u32> {
-        let s = &mut *self.session;
         let budget = self.max_tokens.map_or(usize::MAX, |m| {
             m.saturating_sub(self.timings.generated_tokens + 1)
         });
-        let room = s.context() - s.fed.len() - 2;
-        let Some(sp) = s.spec.as_mut() else {
-            return Err(EngineError::EmptyPrompt);
-        };
-        let (accepted, next) = sp.step(
-            s.engine.model(),
-            &mut s.state,
-            &mut s.ws,
-            &mut self.sampler,
-            &s.fed,
-            x_n,
-            budget.min(room),
-        )?;
-        self.run_base = s.fed.len();
-        self.run.clear();
-        self.run.push(x_n);
-        self.run.extend_from_slice(&accepted);
-        self.run.push(next);
-        self.run_emitted = 1;
-        Ok(self.emit_from_run())
+        with_core!(&mut self.session.core, c => c.next_id(&mut self.sampler, &mut self.run, budget))
     }
 
     /// A handle that cancels this generation (checked before every token).
@@ -854,7 +953,7 @@ impl<'s, 'e> Generation<'s, 'e> {
         } else {
             let piece = self
                 .session
-                .engine
+                .engine()
                 .tokenizer()
                 .decode_next(&mut self.decoder, id)?;
             let chunk = self.stop_strings.push(&piece);

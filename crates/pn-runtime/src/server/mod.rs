@@ -121,7 +121,8 @@ async fn run(engine: &'static Engine, config: ServerConfig, addr: &str) -> Resul
     let template = match &config.chat_template {
         Some(source) => Some(
             crate::chat_template::ChatTemplate::new(source)?
-                .with_special_tokens_of(engine.tokenizer()),
+                .with_special_tokens_of(engine.tokenizer())
+                .with_isolation(engine.chat_template().isolation().clone()),
         ),
         None => None,
     };

@@ -28,7 +28,7 @@ mod stats;
 
 pub use accept::AcceptRule;
 pub use decode::{greedy_generate, plain_greedy, Drafter, SpecError};
-pub use session_decoder::{SpecDecoder, MIN_ACCEPTANCE};
+pub use session_decoder::{SpecControl, SpecDecoder, MIN_ACCEPTANCE};
 pub use stats::SpecStats;
 
 use std::fmt;

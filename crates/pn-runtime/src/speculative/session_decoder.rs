@@ -550,6 +550,39 @@ impl<B: Backend> SpecDecoder<B> {
     }
 }
 
+/// The backend-independent controls of a [`SpecDecoder`]: what a session hands out
+/// (`Session::speculation_mut`) whatever device it runs on. Each method is the decoder's own.
+pub trait SpecControl: Send + std::fmt::Debug {
+    /// Most tokens drafted per step.
+    fn n_draft(&self) -> usize;
+    /// Sets the most tokens drafted per step (0 verifies nothing: plain decoding).
+    fn set_n_draft(&mut self, n: usize);
+    /// Drafts with `drafter` instead of the MTP head (`None`: back to the MTP head).
+    fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter + Send>>);
+    /// Sets the acceptance rule (tests; [`AcceptRule::Standard`] is the only correct one).
+    fn set_rule(&mut self, rule: AcceptRule);
+    /// Counters since the last reset (the start of the current generation).
+    fn stats(&self) -> SpecStats;
+}
+
+impl<B: Backend> SpecControl for SpecDecoder<B> {
+    fn n_draft(&self) -> usize {
+        SpecDecoder::n_draft(self)
+    }
+    fn set_n_draft(&mut self, n: usize) {
+        SpecDecoder::set_n_draft(self, n);
+    }
+    fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter + Send>>) {
+        SpecDecoder::set_drafter(self, drafter);
+    }
+    fn set_rule(&mut self, rule: AcceptRule) {
+        SpecDecoder::set_rule(self, rule);
+    }
+    fn stats(&self) -> SpecStats {
+        SpecDecoder::stats(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -99,10 +99,9 @@ pub fn all() -> Vec<Case> {
             "tiny/logits-f16",
             Cuda,
             Tolerance::Abs(ORACLE_TOL as f64),
-            |_| {
-                Ok(Run::Skipped(cuda_unavailable().unwrap_or_else(|| {
-                    "qwen-model has no CUDA backend yet".to_string()
-                })))
+            |c| match cuda_unavailable() {
+                Some(reason) => Ok(Run::Skipped(reason)),
+                None => model::tiny_f16_engine(c, Device::Cuda(0)),
             },
         ),
         case(

@@ -1,12 +1,15 @@
 //! The tiny-qwen35 model (F16, and quantized to PN3) through qwen-model's CPU forward pass:
 //! logits against the transformers oracle (a fixed bound) and against our snapshot (bounded:
-//! the CPU backend picks AVX-512 or AVX2 at run time and threads split sums differently).
+//! the CPU backend picks AVX-512 or AVX2 at run time and threads split sums differently). The
+//! F16 model's logits on a CUDA device go through pn-runtime's engine.
 
 use super::super::case::{
     f32_digest, ids_text, json_ids, max_abs, read_f32, read_json, sha256_hex, CaseError, Ctx,
     Output, Run,
 };
 use super::super::snapshot::Field;
+use pn_runtime::engine::Speculation;
+use pn_runtime::{Device, Engine, EngineOptions};
 use qwen_model::{CpuBackend, KvType, Model, Outputs};
 use std::path::Path;
 
@@ -120,11 +123,43 @@ fn tokens(ctx: &Ctx, seq: &str) -> Result<Vec<u32>, CaseError> {
 /// The F16 tiny model on sequences a (one prefill), b (one prefill) and c (token by token).
 pub fn tiny_f16(ctx: &Ctx) -> Result<Run, CaseError> {
     let m = load(&ctx.tiny_model())?;
-    let v = m.config.vocab;
+    tiny_f16_logits(ctx, m.config.vocab, |toks, piece| {
+        all_logits(&m, toks, piece)
+    })
+}
+
+/// [`tiny_f16`] on `device` through the engine (`Session::feed_all_logits`, prefill step
+/// `piece`: one engine per piece size, since the step is an engine option).
+pub fn tiny_f16_engine(ctx: &Ctx, device: Device) -> Result<Run, CaseError> {
+    let path = ctx.tiny_model();
+    let vocab = qwen_model::ModelConfig::from_gguf(&gguf_io::GgufFile::open(&path)?)?.vocab;
+    tiny_f16_logits(ctx, vocab, |toks, piece| {
+        let opts = EngineOptions {
+            device,
+            threads: THREADS,
+            context: toks.len(),
+            batch: piece,
+            speculation: Speculation::None,
+            prompt_cache_checkpoints: 0,
+            ..EngineOptions::default()
+        };
+        let e = Engine::load(&path, opts)?;
+        let logits = e.session()?.feed_all_logits(toks)?;
+        Ok(logits)
+    })
+}
+
+/// Logits of sequences a (one prefill), b (one prefill) and c (token by token) from
+/// `logits(tokens, piece)`, against the transformers oracle and into the snapshot.
+fn tiny_f16_logits(
+    ctx: &Ctx,
+    v: usize,
+    mut logits: impl FnMut(&[u32], usize) -> Result<Vec<f32>, CaseError>,
+) -> Result<Run, CaseError> {
     let mut out = Output::default();
     for (seq, piece) in [("a", 64), ("b", 256), ("c", 1)] {
         let toks = tokens(ctx, seq)?;
-        let got = all_logits(&m, &toks, piece)?;
+        let got = logits(&toks, piece)?;
         let want = read_f32(&ctx.file("tiny-qwen35", &format!("logits_{seq}.f32")))?;
         if want.len() != got.len() {
             return Err(format!(

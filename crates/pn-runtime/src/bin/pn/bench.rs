@@ -73,7 +73,7 @@ pub struct BenchResult {
     pub model_n_params: u64,
     /// Backend name.
     pub backend: String,
-    /// CPU threads.
+    /// CPU threads (0 on a CUDA device).
     pub n_threads: usize,
     /// Test name, `pp512`, `tg128`, with `@ dN` when at depth.
     pub test: String,
@@ -110,7 +110,7 @@ pub struct BenchResult {
 /// Deterministic, ordinary (non-special) token ids to feed.
 fn bench_tokens(engine: &Engine, n: usize, salt: usize) -> Vec<u32> {
     let tok = engine.tokenizer();
-    let usable: Vec<u32> = (0..tok.n_vocab().min(engine.model().config.vocab) as u32)
+    let usable: Vec<u32> = (0..tok.n_vocab().min(engine.config().vocab) as u32)
         .filter(|&id| engine.token_mask().allows(id) && !tok.is_eog(id))
         .collect();
     (0..n)
@@ -230,7 +230,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         || engine.path().display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let threads = engine.model().backend.n_threads();
+    // A CUDA run has no CPU thread pool doing the math: it reports 0 threads.
+    let threads = engine.cpu_model().map_or(0, |m| m.backend.n_threads());
+    let backend = match engine.device() {
+        pn_runtime::Device::Cpu => "CPU",
+        pn_runtime::Device::Cuda(_) => "CUDA",
+    };
 
     let mut tests = Vec::new();
     for &d in &args.n_depth {
@@ -264,7 +269,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             model: model_name.clone(),
             model_size: engine.file_size(),
             model_n_params: engine.n_params(),
-            backend: "CPU".into(),
+            backend: backend.into(),
             n_threads: threads,
             test,
             n_prompt: p,

@@ -2,6 +2,7 @@
 //! and loading the engine with a progress bar.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pn_runtime::chat_template::{SubprocessSandbox, TemplateIsolation};
 use pn_runtime::engine::{
     Device, Engine, EngineOptions, KvType, LoadProgress, ProgressFn, Speculation,
 };
@@ -44,6 +45,28 @@ pub struct ModelArgs {
     /// Prompt cache: a checkpoint every N prompt tokens (0: only at turn starts and prompt ends).
     #[arg(long = "checkpoint-interval", default_value_t = pn_runtime::engine::DEFAULT_PROMPT_CACHE_INTERVAL)]
     pub checkpoint_interval: usize,
+    #[command(flatten)]
+    pub template_sandbox: TemplateSandboxArgs,
+}
+
+/// Where chat templates render (shared by the commands that render one).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TemplateSandboxArgs {
+    /// Chat template sandbox: process (render in a child process limited to 128 MiB and 10 s,
+    /// safe for untrusted model files) or none (in this process; a hostile template can
+    /// exhaust memory).
+    #[arg(long = "template-sandbox", default_value = "process", value_parser = ["process", "none"])]
+    pub template_sandbox: String,
+}
+
+impl TemplateSandboxArgs {
+    /// The isolation `--template-sandbox` asks for (`process`: this executable as worker).
+    pub fn isolation(&self) -> Result<TemplateIsolation, Box<dyn std::error::Error>> {
+        Ok(match self.template_sandbox.as_str() {
+            "none" => TemplateIsolation::InProcess,
+            _ => TemplateIsolation::Subprocess(SubprocessSandbox::current_exe()?),
+        })
+    }
 }
 
 impl ModelArgs {
@@ -179,6 +202,7 @@ pub fn load_engine(
         speculation: args.speculation(),
         prompt_cache_checkpoints: args.ctx_checkpoints,
         prompt_cache_interval: args.checkpoint_interval,
+        template_isolation: args.template_sandbox.isolation()?,
         ..EngineOptions::default()
     };
     let pb = bar(1, "{msg} {bar:40} {percent}%");

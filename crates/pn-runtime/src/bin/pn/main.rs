@@ -72,6 +72,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `pn __template-worker`: the chat-template sandbox's child process (hidden from --help).
+    // Checked before clap so the worker sets its limits before doing anything else.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(pn_runtime::chat_template::WORKER_ARG))
+    {
+        return pn_runtime::chat_template::run_worker();
+    }
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Inspect(args) => inspect::run(args),

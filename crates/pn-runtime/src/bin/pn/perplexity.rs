@@ -118,7 +118,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("need at least 2 tokens to score, got {}", tokens.len()).into());
     }
     let window = engine.context().max(2);
-    let vocab = engine.model().config.vocab;
+    let vocab = engine.config().vocab;
     let base = match &args.kl_base {
         Some(p) => Some(read_logits(p, tokens.len() * vocab)?),
         None => None,

@@ -28,6 +28,8 @@ pub struct Args {
     /// Jinja template file to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub sandbox: crate::engine_args::TemplateSandboxArgs,
 }
 
 /// Runs the subcommand.
@@ -59,7 +61,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         })?,
         (None, None) => return Err("pass -m MODEL or --chat-template-file FILE".into()),
     };
-    let mut template = ChatTemplate::new(&source)?;
+    let mut template = ChatTemplate::new(&source)?.with_isolation(args.sandbox.isolation()?);
     if let Some(meta) = &meta {
         template = template.with_special_tokens_of_metadata(meta);
     }
