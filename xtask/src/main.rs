@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod golden;
+mod quant_error;
 mod synth_model;
 
 /// `cargo xtask`: developer tasks of the pn workspace.
@@ -23,6 +24,8 @@ enum Task {
     SynthModel(synth_model::Args),
     /// Rerun the golden set and compare with the reviewed snapshots (xtask/golden/).
     Golden(golden::Args),
+    /// Per-tensor error of pn3t/pn4t (rotated or not) against Q3_K/Q4_K on any GGUF's weights.
+    QuantError(quant_error::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     let result: Result<(), Box<dyn std::error::Error>> = match cli.task {
         Task::SynthModel(args) => synth_model::run(args),
         Task::Golden(args) => golden::run(args),
+        Task::QuantError(args) => quant_error::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
