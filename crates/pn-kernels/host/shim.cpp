@@ -184,3 +184,38 @@ int pn_shim_emu_delta_rule_chunked(const float* q, const float* k, long long qk_
     return ok ? 0 : -1;
 }
 }
+
+// The tiled prefill attention kernel's own source under the same emulator.
+#include "attention_prefill.cu"
+#include <mutex>
+
+extern "C" {
+// Arguments as attn_prefill_*kv (kv_type 0 f32, 1 f16 bits, 2 q8_0 bytes, 3 q4_0 bytes) plus
+// n_head for the grid; returns 0, -1 on a barrier deadlock, -2 on an unknown kv_type.
+int pn_shim_emu_attn_prefill(int kv_type, const float* q, long long q_tok_stride, long long q_head_stride, const void* kc,
+                             const void* vc, long long pos_stride, long long head_stride, int n_head, int group, int p0,
+                             int n_tokens, float scale, float* o, long long o_tok_stride) {
+    // The kernel's __shared__ tiles are process-wide statics here; parallel Rust tests take turns.
+    static std::mutex lock;
+    std::lock_guard<std::mutex> guard(lock);
+    const unsigned tiles = (unsigned)((n_tokens + AP_BQ - 1) / AP_BQ);
+    std::function<void()> body;
+    switch (kv_type) {
+    case 0:
+        body = [&] { attn_prefill_f32kv(q, q_tok_stride, q_head_stride, (const float*)kc, (const float*)vc, pos_stride, head_stride, group, p0, n_tokens, scale, o, o_tok_stride); };
+        break;
+    case 1:
+        body = [&] { attn_prefill_f16kv(q, q_tok_stride, q_head_stride, (const pn_u16*)kc, (const pn_u16*)vc, pos_stride, head_stride, group, p0, n_tokens, scale, o, o_tok_stride); };
+        break;
+    case 2:
+        body = [&] { attn_prefill_q8_0kv(q, q_tok_stride, q_head_stride, (const ap_q8kv*)kc, (const ap_q8kv*)vc, pos_stride, head_stride, group, p0, n_tokens, scale, o, o_tok_stride); };
+        break;
+    case 3:
+        body = [&] { attn_prefill_q4_0kv(q, q_tok_stride, q_head_stride, (const ap_q4kv*)kc, (const ap_q4kv*)vc, pos_stride, head_stride, group, p0, n_tokens, scale, o, o_tok_stride); };
+        break;
+    default:
+        return -2;
+    }
+    return emu::launch(tiles, (unsigned)n_head, AP_THREADS, body) ? 0 : -1;
+}
+}

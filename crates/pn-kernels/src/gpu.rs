@@ -55,6 +55,8 @@ pub trait KvElem: cudarc::driver::DeviceRepr + private::Sealed {
     const STORE_KERNEL: &'static str;
     /// Split-K attention kernel over a cache of this type.
     const PARTIAL_KERNEL: &'static str;
+    /// Tiled prefill attention kernel (`attention_prefill.cu`) over a cache of this type.
+    const PREFILL_KERNEL: &'static str;
     /// Elements of one 256-value row.
     const ROW_ELEMS: usize;
     /// Alignment (in elements) every row start needs.
@@ -63,24 +65,28 @@ pub trait KvElem: cudarc::driver::DeviceRepr + private::Sealed {
 impl KvElem for half::f16 {
     const STORE_KERNEL: &'static str = "kv_store_f16";
     const PARTIAL_KERNEL: &'static str = "attn_partial_f16kv";
+    const PREFILL_KERNEL: &'static str = "attn_prefill_f16kv";
     const ROW_ELEMS: usize = 256;
     const ALIGN_ELEMS: usize = 8;
 }
 impl KvElem for f32 {
     const STORE_KERNEL: &'static str = "kv_store_f32";
     const PARTIAL_KERNEL: &'static str = "attn_partial_f32kv";
+    const PREFILL_KERNEL: &'static str = "attn_prefill_f32kv";
     const ROW_ELEMS: usize = 256;
     const ALIGN_ELEMS: usize = 4;
 }
 impl KvElem for Q8KvByte {
     const STORE_KERNEL: &'static str = "kv_store_q8_0";
     const PARTIAL_KERNEL: &'static str = "attn_partial_q8_0kv";
+    const PREFILL_KERNEL: &'static str = "attn_prefill_q8_0kv";
     const ROW_ELEMS: usize = 272;
     const ALIGN_ELEMS: usize = 2;
 }
 impl KvElem for Q4KvByte {
     const STORE_KERNEL: &'static str = "kv_store_q4_0";
     const PARTIAL_KERNEL: &'static str = "attn_partial_q4_0kv";
+    const PREFILL_KERNEL: &'static str = "attn_prefill_q4_0kv";
     const ROW_ELEMS: usize = 144;
     const ALIGN_ELEMS: usize = 2;
 }
@@ -1358,6 +1364,88 @@ impl Gpu {
         };
         // SAFETY: arguments as declared; reads the partials written above on the same stream.
         unsafe { b.launch(cfg) }.map_err(drv("attn_combine"))?;
+        Ok(())
+    }
+
+    /// Query tokens per block of [`Gpu::attention_prefill`] (`AP_BQ` in attention_prefill.cu).
+    pub const ATTN_PREFILL_TILE: usize = 16;
+
+    /// [`Gpu::attention`]'s result (same arguments less the split-K `chunk` and scratch) by the
+    /// tiled prefill kernel: one block per 16 query tokens and query head walks the causal
+    /// prefix in K/V tiles staged in shared memory, so the cache is read once per 16 tokens
+    /// instead of once per token. Meant for prefill chunks (`t_len` of 16 or more); any
+    /// `t_len >= 1` is correct.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prefill<T: KvElem>(
+        &self,
+        q: &CudaView<'_, f32>,
+        q_tok_stride: usize,
+        q_head_stride: usize,
+        kc: &CudaView<'_, T>,
+        vc: &CudaView<'_, T>,
+        kv: KvLayout,
+        n_head: usize,
+        p0: usize,
+        t_len: usize,
+        scale: f32,
+        o: &mut CudaViewMut<'_, f32>,
+        o_tok_stride: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "attention_prefill";
+        check(
+            n_head.is_multiple_of(kv.n_kv.max(1)) && n_head > 0 && t_len > 0,
+            OP,
+            || format!("n_head {n_head}, n_kv {}, t {t_len}", kv.n_kv),
+        )?;
+        let n_ctx = p0 + t_len;
+        check(n_ctx <= kv.cap && n_ctx <= i32::MAX as usize, OP, || {
+            format!("context {n_ctx} exceeds the cache capacity {}", kv.cap)
+        })?;
+        self.check_cache(OP, kc, vc, &kv)?;
+        check(
+            q.len() >= (t_len - 1) * q_tok_stride + (n_head - 1) * q_head_stride + 256,
+            OP,
+            || format!("q has {} elements", q.len()),
+        )?;
+        check(
+            o.len() >= (t_len - 1) * o_tok_stride + n_head * 256,
+            OP,
+            || format!("o has {} elements", o.len()),
+        )?;
+        let f = self.func("attention_prefill", T::PREFILL_KERNEL)?;
+        let (qts, qhs, ots) = (
+            q_tok_stride as i64,
+            q_head_stride as i64,
+            o_tok_stride as i64,
+        );
+        let (ps, hs) = (kv.pos_stride as i64, kv.head_stride as i64);
+        let (group, p0_i, t_i) = ((n_head / kv.n_kv) as i32, p0 as i32, t_len as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(q)
+            .arg(&qts)
+            .arg(&qhs)
+            .arg(kc)
+            .arg(vc)
+            .arg(&ps)
+            .arg(&hs);
+        b.arg(&group)
+            .arg(&p0_i)
+            .arg(&t_i)
+            .arg(&scale)
+            .arg(o)
+            .arg(&ots);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                t_len.div_ceil(Self::ATTN_PREFILL_TILE) as u32,
+                n_head as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments as declared in attention_prefill.cu (the f16 kernel takes the cache
+        // as u16 bits, the same pointer); lengths and alignment checked above.
+        unsafe { b.launch(cfg) }.map_err(drv(T::PREFILL_KERNEL))?;
         Ok(())
     }
 

@@ -59,6 +59,24 @@ extern "C" {
     ) -> i32;
     pub fn pn_shim_gdn_solve(mc: *const f32, beta: *const f32, u: *mut f32, c: i32);
     #[allow(clippy::too_many_arguments)]
+    pub fn pn_shim_emu_attn_prefill(
+        kv_type: i32,
+        q: *const f32,
+        q_tok_stride: i64,
+        q_head_stride: i64,
+        kc: *const std::ffi::c_void,
+        vc: *const std::ffi::c_void,
+        pos_stride: i64,
+        head_stride: i64,
+        n_head: i32,
+        group: i32,
+        p0: i32,
+        n_tokens: i32,
+        scale: f32,
+        o: *mut f32,
+        o_tok_stride: i64,
+    ) -> i32;
+    #[allow(clippy::too_many_arguments)]
     pub fn pn_shim_gdn_chunked_head(
         q: *const f32,
         k: *const f32,
@@ -327,6 +345,97 @@ pub mod safe {
                 nv as i32,
                 n_k_heads as i32,
                 t as i32,
+            ) == 0
+        }
+    }
+
+    /// A KV cache as host bytes for [`emu_attn_prefill`]: f32 values, f16 bits, or q8_0 / q4_0
+    /// rows (272 / 144 bytes per 256 values).
+    #[derive(Clone, Copy, Debug)]
+    pub enum EmuKv<'a> {
+        /// f32 rows of 256 values.
+        F32(&'a [f32]),
+        /// f16 rows as their bits.
+        F16(&'a [u16]),
+        /// q8_0 rows, 8 blocks of 34 bytes.
+        Q8(&'a [u8]),
+        /// q4_0 rows, 8 blocks of 18 bytes.
+        Q4(&'a [u8]),
+    }
+
+    impl EmuKv<'_> {
+        fn parts(&self) -> (i32, *const std::ffi::c_void, usize, usize) {
+            match self {
+                EmuKv::F32(s) => (0, s.as_ptr().cast(), s.len(), 256),
+                EmuKv::F16(s) => (1, s.as_ptr().cast(), s.len(), 256),
+                EmuKv::Q8(s) => (2, s.as_ptr().cast(), s.len(), 272),
+                EmuKv::Q4(s) => (3, s.as_ptr().cast(), s.len(), 144),
+            }
+        }
+    }
+
+    /// Geometry of one [`emu_attn_prefill`] call, in the units of `attn_prefill_*kv`
+    /// (`kernels/attention_prefill.cu`): strides of q/o in floats, of the caches in elements.
+    #[derive(Clone, Copy, Debug)]
+    pub struct EmuAttnShape {
+        /// Floats between query tokens.
+        pub q_tok_stride: usize,
+        /// Floats between query heads.
+        pub q_head_stride: usize,
+        /// Cache elements between positions.
+        pub pos_stride: usize,
+        /// Cache elements between kv heads.
+        pub head_stride: usize,
+        /// Query heads.
+        pub n_head: usize,
+        /// KV heads (divides `n_head`).
+        pub n_kv: usize,
+        /// Position of the first query token.
+        pub p0: usize,
+        /// Query tokens.
+        pub n_tokens: usize,
+        /// Score scale.
+        pub scale: f32,
+        /// Floats between output tokens.
+        pub o_tok_stride: usize,
+    }
+
+    /// The tiled prefill attention kernel's source run on the host by the SIMT emulator, every
+    /// block and thread. `false` when the emulated threads deadlock on their barriers.
+    pub fn emu_attn_prefill(
+        q: &[f32],
+        k: EmuKv<'_>,
+        v: EmuKv<'_>,
+        sh: &EmuAttnShape,
+        o: &mut [f32],
+    ) -> bool {
+        let (kt, kp, kl, row) = k.parts();
+        let (vt, vp, vl, _) = v.parts();
+        assert!(kt == vt && sh.n_tokens > 0 && sh.n_kv > 0 && sh.n_head.is_multiple_of(sh.n_kv));
+        let t1 = sh.n_tokens - 1;
+        assert!(q.len() >= t1 * sh.q_tok_stride + (sh.n_head - 1) * sh.q_head_stride + 256);
+        assert!(o.len() >= t1 * sh.o_tok_stride + sh.n_head * 256);
+        let need = (sh.p0 + t1) * sh.pos_stride + (sh.n_kv - 1) * sh.head_stride + row;
+        assert!(kl >= need && vl >= need);
+        // SAFETY: every length the kernel reads or writes is checked above (it reads positions
+        // 0..p0+n_tokens of kv heads 0..n_kv).
+        unsafe {
+            pn_shim_emu_attn_prefill(
+                kt,
+                q.as_ptr(),
+                sh.q_tok_stride as i64,
+                sh.q_head_stride as i64,
+                kp,
+                vp,
+                sh.pos_stride as i64,
+                sh.head_stride as i64,
+                sh.n_head as i32,
+                (sh.n_head / sh.n_kv) as i32,
+                sh.p0 as i32,
+                sh.n_tokens as i32,
+                sh.scale,
+                o.as_mut_ptr(),
+                sh.o_tok_stride as i64,
             ) == 0
         }
     }

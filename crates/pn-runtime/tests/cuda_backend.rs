@@ -291,6 +291,31 @@ fn quantized_kv_attention_matches_cpu() {
     }
 }
 
+/// Long prefill chunks take the tiled prefill kernel (16 tokens or more, unless
+/// `PN_ATTN_PREFILL_TILED=0`): the 27B model's 24/4 head grouping over every cache type, from
+/// position 0 and continuing a cache, with ragged last query tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiled_prefill_attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (KvCacheType::F16, 512, 0),
+        (KvCacheType::F32, 517, 300),
+        (KvCacheType::Q8_0, 512, 64),
+        (KvCacheType::Q4_0, 100, 7),
+        (KvCacheType::F16, 2048, 100),
+    ];
+    for (i, &(kt, t, p0)) in cases.iter().enumerate() {
+        let (got, want) = on_both!(&g, attention_kv(kt, (24, 4), t, p0, 500 + i as u64));
+        check(
+            &format!("tiled prefill attention {kt} t={t} p0={p0}"),
+            &got,
+            &want,
+            2e-4,
+        );
+    }
+}
+
 /// The CPU cache's stored bytes (little-endian f16 scale, then the quants, per block).
 fn cpu_kv_bytes(kv: &CpuKv) -> Vec<u8> {
     match kv {

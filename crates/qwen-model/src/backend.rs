@@ -73,6 +73,30 @@ impl GdnDims {
     }
 }
 
+/// One-row work buffers of the default [`Backend::gated_delta_rule_traced`].
+pub struct GdnRowScratch<T> {
+    /// One post-conv row, `conv_dim` floats.
+    pub y: T,
+    /// One row of beta inputs, `n_v_heads` floats.
+    pub b: T,
+    /// One row of decay inputs, `n_v_heads` floats.
+    pub alpha: T,
+    /// One output row, `value_dim` floats.
+    pub out: T,
+}
+
+impl<T> GdnRowScratch<T> {
+    /// Buffers for one row of a layer shaped `dims`.
+    pub fn new<B: Backend<Buf = T>>(backend: &B, dims: &GdnDims) -> Result<Self, ModelError> {
+        Ok(GdnRowScratch {
+            y: backend.alloc(dims.conv_dim())?,
+            b: backend.alloc(dims.n_v_heads)?,
+            alpha: backend.alloc(dims.n_v_heads)?,
+            out: backend.alloc(dims.value_dim())?,
+        })
+    }
+}
+
 /// Storage precision of a KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvType {
@@ -373,6 +397,58 @@ pub trait Backend: Send + Sync {
         dims: &GdnDims,
         n_tokens: usize,
     );
+
+    /// [`Backend::gated_delta_rule`] that also records the recurrent state after each of the
+    /// `n_tokens` rows into `trace` (row `t`'s state at float `(trace_row0 + t) *
+    /// dims.state_len()`), for rolling a speculative verification back to any accepted prefix
+    /// without re-running it. `out` and the final `state` are as for `gated_delta_rule`; the
+    /// contents of `y`, `b` and `alpha` afterwards are unspecified.
+    ///
+    /// Every recorded state must have the bits a one-row `gated_delta_rule` call per token
+    /// gives (what plain decoding computes), so the default runs the rows one at a time
+    /// through `scratch` (each buffer sized for one row, see [`GdnRowScratch::new`]); a
+    /// backend overrides it only where its batched kernel has those bits.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule_traced(
+        &self,
+        y: &mut Self::Buf,
+        b: &mut Self::Buf,
+        alpha: &mut Self::Buf,
+        a: &Self::Buf,
+        dt_bias: &Self::Buf,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+        dims: &GdnDims,
+        n_tokens: usize,
+        trace: &mut Self::Buf,
+        trace_row0: usize,
+        scratch: &mut GdnRowScratch<Self::Buf>,
+    ) {
+        let (cd, hv, vd, sl) = (
+            dims.conv_dim(),
+            dims.n_v_heads,
+            dims.value_dim(),
+            dims.state_len(),
+        );
+        for t in 0..n_tokens {
+            self.copy(y, t * cd, &mut scratch.y, 0, cd);
+            self.copy(b, t * hv, &mut scratch.b, 0, hv);
+            self.copy(alpha, t * hv, &mut scratch.alpha, 0, hv);
+            self.gated_delta_rule(
+                &mut scratch.y,
+                &mut scratch.b,
+                &mut scratch.alpha,
+                a,
+                dt_bias,
+                state,
+                &mut scratch.out,
+                dims,
+                1,
+            );
+            self.copy(&scratch.out, 0, out, t * vd, vd);
+            self.copy(state, 0, trace, (trace_row0 + t) * sl, sl);
+        }
+    }
 
     /// `gate = silu(gate) * up` over `len` floats.
     fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);

@@ -20,10 +20,12 @@ mod model;
 pub mod state;
 pub mod weights;
 
-pub use backend::{AttnLayout, Backend, GdnDims, KvCacheType, KvType, RopeLayout, WeightSource};
+pub use backend::{
+    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, KvType, RopeLayout, WeightSource,
+};
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use model::{Model, Outputs, Workspace};
-pub use state::{kv_bytes_per_token, Snapshot, State};
+pub use state::{kv_bytes_per_token, Snapshot, State, StateTrace};
 pub use weights::Weights;

@@ -1,13 +1,15 @@
 //! The forward graph (trunk and MTP block), written once against [`Backend`]
 //! (reference: `qwen38-architecture.md` sections 4 and 6).
 
+use crate::backend::GdnRowScratch;
 use crate::backend::{Backend, KvCacheType, KvType, RopeLayout};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::state::{LayerState, State};
+use crate::state::{LayerState, State, StateTrace};
 use crate::weights::{AttnWeights, GdnWeights, LayerWeights, Matrix, Mixer, Weights};
 use gguf_io::GgufFile;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A loaded model: configuration, bound weights and the backend they live on.
@@ -19,6 +21,18 @@ pub struct Model<B: Backend> {
     /// The backend.
     pub backend: B,
     file: Arc<GgufFile>,
+    /// Trunk forward calls and rows since load (cost counters for tests and benchmarks).
+    trunk_passes: AtomicU64,
+    trunk_rows: AtomicU64,
+}
+
+/// Where one GDN layer of a traced pass records its states.
+struct LayerTrace<'a, B: Backend> {
+    conv: &'a mut B::Buf,
+    ssm: &'a mut B::Buf,
+    scratch: &'a mut GdnRowScratch<B::Buf>,
+    /// Trace row of the first row of this chunk.
+    row0: usize,
 }
 
 /// Scratch activations for up to `max_rows` tokens per call; reused across calls so decode
@@ -173,12 +187,25 @@ impl<B: Backend> Model<B> {
             weights,
             backend,
             file,
+            trunk_passes: AtomicU64::new(0),
+            trunk_rows: AtomicU64::new(0),
         })
     }
 
     /// The GGUF file (metadata for tokenizer, chat template...).
     pub fn file(&self) -> &GgufFile {
         &self.file
+    }
+
+    /// Trunk forward calls ([`forward`](Self::forward), [`forward_traced`](Self::forward_traced))
+    /// since the model was loaded.
+    pub fn trunk_passes(&self) -> u64 {
+        self.trunk_passes.load(Ordering::Relaxed)
+    }
+
+    /// Token rows the trunk has processed since the model was loaded.
+    pub fn trunk_rows(&self) -> u64 {
+        self.trunk_rows.load(Ordering::Relaxed)
     }
 
     /// A new empty sequence state holding up to `capacity` positions (f32 KV cache).
@@ -285,7 +312,52 @@ impl<B: Backend> Model<B> {
         state: &mut State<B>,
         ws: &mut Workspace<B>,
         tokens: &[u32],
+        out: Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        self.forward_impl(state, ws, tokens, out, None)
+    }
+
+    /// [`forward`](Self::forward) that also records the GDN state after every input row into
+    /// `trace` (at most `trace.max_rows()` tokens), so [`State::restore_traced`] can roll the
+    /// state back to any prefix of `tokens` without re-running it (speculative verification).
+    ///
+    /// Each recorded recurrent state has the bits of feeding the rows one at a time (see
+    /// [`Backend::gated_delta_rule_traced`]), as plain decoding does; the conv states are
+    /// copies of input rows and exact on every backend.
+    pub fn forward_traced(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        out: Outputs<'_>,
+        trace: &mut StateTrace<B>,
+    ) -> Result<(), ModelError> {
+        if tokens.len() > trace.max_rows() {
+            return Err(ModelError::BadArgument(format!(
+                "traced forward of {} tokens, the trace holds {}",
+                tokens.len(),
+                trace.max_rows()
+            )));
+        }
+        if trace.layers.len() != self.config.n_layers {
+            return Err(ModelError::BadArgument(
+                "state trace does not match the model's layers".into(),
+            ));
+        }
+        trace.rows = 0;
+        trace.pos0 = state.pos;
+        self.forward_impl(state, ws, tokens, out, Some(&mut *trace))?;
+        trace.rows = tokens.len();
+        Ok(())
+    }
+
+    fn forward_impl(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
         mut out: Outputs<'_>,
+        mut trace: Option<&mut StateTrace<B>>,
     ) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::BadArgument("no tokens".into()));
@@ -310,6 +382,9 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
+        self.trunk_passes.fetch_add(1, Ordering::Relaxed);
+        self.trunk_rows
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         let mut done = 0;
         for chunk in tokens.chunks(ws.max_rows) {
             let rows = chunk.len();
@@ -330,7 +405,16 @@ impl<B: Backend> Model<B> {
                 .zip(state.layers.iter_mut())
                 .enumerate()
             {
-                self.block(lw, ls, ws, rows, pos0, pos0)?;
+                let lt = trace.as_deref_mut().and_then(|t| {
+                    let scratch = &mut t.scratch;
+                    t.layers[l].as_mut().map(|(conv, ssm)| LayerTrace {
+                        conv,
+                        ssm,
+                        scratch,
+                        row0: done,
+                    })
+                });
+                self.block(lw, ls, ws, rows, pos0, pos0, lt)?;
                 save(l + 1, &ws.x);
             }
             state.pos += rows;
@@ -416,7 +500,9 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// One decoder block on the first `rows` rows of `ws.x`.
+    /// One decoder block on the first `rows` rows of `ws.x` (a GDN layer records its states
+    /// into `trace` when given one).
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
         lw: &LayerWeights<B>,
@@ -425,6 +511,7 @@ impl<B: Backend> Model<B> {
         rows: usize,
         cache_pos0: usize,
         rope_pos0: usize,
+        trace: Option<LayerTrace<'_, B>>,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let (d, eps, blk) = (c.hidden, c.rms_eps, self.rot_block());
@@ -435,7 +522,7 @@ impl<B: Backend> Model<B> {
                 self.attention(aw, norm, k, v, ws, rows, cache_pos0, rope_pos0)?
             }
             (Mixer::DeltaNet(gw), LayerState::DeltaNet { conv, ssm }) => {
-                self.deltanet(gw, norm, conv, ssm, ws, rows)?
+                self.deltanet(gw, norm, conv, ssm, ws, rows, trace)?
             }
             _ => {
                 return Err(ModelError::BadArgument(
@@ -549,6 +636,7 @@ impl<B: Backend> Model<B> {
 
     /// Gated DeltaNet of `rms_norm(ws.x) * norm` -> `ws.mix`, updating the conv and recurrent
     /// state.
+    #[allow(clippy::too_many_arguments)]
     fn deltanet(
         &self,
         gw: &GdnWeights<B>,
@@ -557,6 +645,7 @@ impl<B: Backend> Model<B> {
         ssm: &mut B::Buf,
         ws: &mut Workspace<B>,
         rows: usize,
+        mut trace: Option<LayerTrace<'_, B>>,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let g = &c.gdn;
@@ -578,6 +667,26 @@ impl<B: Backend> Model<B> {
                 (&gw.alpha, &mut ws.al),
             ],
         )?;
+        if let Some(t) = &mut trace {
+            // The conv state after row r is the last `kernel - 1` rows of [state ; u] up to
+            // row r: copies taken before the conv shifts `u` into the state.
+            let (cd, hist, cl) = (g.conv_dim(), g.conv_kernel - 1, g.conv_state_len());
+            for r in 0..rows {
+                let dst = (t.row0 + r) * cl;
+                let from_old = hist.saturating_sub(r + 1);
+                if from_old > 0 {
+                    be.copy(conv, (r + 1) * cd, t.conv, dst, from_old * cd);
+                }
+                let first_u = (r + 1).saturating_sub(hist);
+                be.copy(
+                    &ws.u,
+                    first_u * cd,
+                    t.conv,
+                    dst + from_old * cd,
+                    (hist - from_old) * cd,
+                );
+            }
+        }
         be.conv1d_silu(
             &ws.u,
             &gw.conv,
@@ -587,17 +696,33 @@ impl<B: Backend> Model<B> {
             g.conv_dim(),
             g.conv_kernel,
         );
-        be.gated_delta_rule(
-            &mut ws.y,
-            &mut ws.b,
-            &mut ws.al,
-            &gw.a,
-            &gw.dt_bias,
-            ssm,
-            &mut ws.o,
-            g,
-            rows,
-        );
+        match trace {
+            None => be.gated_delta_rule(
+                &mut ws.y,
+                &mut ws.b,
+                &mut ws.al,
+                &gw.a,
+                &gw.dt_bias,
+                ssm,
+                &mut ws.o,
+                g,
+                rows,
+            ),
+            Some(t) => be.gated_delta_rule_traced(
+                &mut ws.y,
+                &mut ws.b,
+                &mut ws.al,
+                &gw.a,
+                &gw.dt_bias,
+                ssm,
+                &mut ws.o,
+                g,
+                rows,
+                t.ssm,
+                t.row0,
+                t.scratch,
+            ),
+        }
         be.gated_rms_norm(
             &mut ws.o,
             &ws.z,
@@ -677,6 +802,7 @@ impl<B: Backend> Model<B> {
                 rows,
                 state.mtp_len,
                 rope_pos0 + done,
+                None,
             )?;
             state.mtp_len += rows;
             let last = done + rows == tokens.len();

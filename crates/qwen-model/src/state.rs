@@ -1,7 +1,7 @@
 //! Per-sequence state: the KV cache of the attention layers, the conv and recurrent state of the
 //! Gated DeltaNet layers, and the MTP block's own KV cache.
 
-use crate::backend::{Backend, KvCacheType, KvType};
+use crate::backend::{Backend, GdnRowScratch, KvCacheType, KvType};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::ModelError;
 
@@ -59,6 +59,69 @@ impl<B: Backend> Snapshot<B> {
     /// Trunk position when the snapshot was taken.
     pub fn pos(&self) -> usize {
         self.pos
+    }
+}
+
+/// The recurrent state after every row of one traced multi-row forward
+/// ([`Model::forward_traced`](crate::Model::forward_traced)): a speculative verification pass
+/// that rejects a draft rolls back to its accepted prefix by copying ([`State::restore_traced`])
+/// instead of re-running the prefix.
+///
+/// Memory: `max_rows` copies of the GDN conv and recurrent state (on the 27B shape about
+/// 150 MB a row; a few hundred KB on the small test models).
+pub struct StateTrace<B: Backend> {
+    /// Per trunk layer: for a GDN layer the conv states `[max_rows, conv_state_len]` and the
+    /// recurrent states `[max_rows, state_len]`, row `t` holding the state after input row `t`.
+    pub(crate) layers: Vec<Option<(B::Buf, B::Buf)>>,
+    pub(crate) scratch: GdnRowScratch<B::Buf>,
+    max_rows: usize,
+    /// Trunk position before the traced pass.
+    pub(crate) pos0: usize,
+    /// Rows the traced pass recorded (0: nothing recorded).
+    pub(crate) rows: usize,
+}
+
+impl<B: Backend> StateTrace<B> {
+    /// Room for the states after up to `max_rows` rows of one traced pass.
+    pub fn new(
+        cfg: &ModelConfig,
+        backend: &B,
+        max_rows: usize,
+    ) -> Result<StateTrace<B>, ModelError> {
+        let g = &cfg.gdn;
+        let layers = cfg
+            .layer_kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::GatedDeltaNet => Ok(Some((
+                    backend.alloc(max_rows * g.conv_state_len())?,
+                    backend.alloc(max_rows * g.state_len())?,
+                ))),
+                LayerKind::FullAttention => Ok(None),
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(StateTrace {
+            layers,
+            scratch: GdnRowScratch::new(backend, g)?,
+            max_rows,
+            pos0: 0,
+            rows: 0,
+        })
+    }
+
+    /// Most rows one traced pass may have.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Trunk position before the last traced pass.
+    pub fn pos0(&self) -> usize {
+        self.pos0
+    }
+
+    /// Rows the last traced pass recorded (0 before the first).
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 }
 
@@ -196,6 +259,53 @@ impl<B: Backend> State<B> {
         }
         snap.pos = self.pos;
         snap.mtp_len = self.mtp_len;
+    }
+
+    /// Rolls back to the state after the first `rows` rows of the last traced pass
+    /// (`1..=trace.rows()`), which must be the last pass this state ran: the recurrent state
+    /// is copied from `trace` and the position set to `trace.pos0() + rows`. KV rows past it
+    /// are dropped; the MTP cache is left as it is. The trace then ends at `rows` (a later
+    /// restore may go back further, not forward again).
+    pub fn restore_traced(
+        &mut self,
+        cfg: &ModelConfig,
+        backend: &B,
+        trace: &mut StateTrace<B>,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        if rows == 0 || rows > trace.rows || self.pos != trace.pos0 + trace.rows {
+            return Err(ModelError::BadArgument(format!(
+                "cannot restore {rows} rows of a traced pass of {} rows at position {} (state at {})",
+                trace.rows, trace.pos0, self.pos
+            )));
+        }
+        let (cl, sl) = (cfg.gdn.conv_state_len(), cfg.gdn.state_len());
+        let r = rows - 1;
+        for (l, t) in self.layers.iter_mut().zip(trace.layers.iter()) {
+            if let (LayerState::DeltaNet { conv, ssm }, Some((tc, ts))) = (l, t) {
+                backend.copy(tc, r * cl, conv, 0, cl);
+                backend.copy(ts, r * sl, ssm, 0, sl);
+            }
+        }
+        self.pos = trace.pos0 + rows;
+        trace.rows = rows;
+        Ok(())
+    }
+
+    /// The conv and recurrent states of every GDN layer, downloaded and concatenated in layer
+    /// order (conv then recurrent per layer): for tests and debugging comparing two states.
+    pub fn recurrent_state(&self, cfg: &ModelConfig, backend: &B) -> Vec<f32> {
+        let (cl, sl) = (cfg.gdn.conv_state_len(), cfg.gdn.state_len());
+        let mut v = Vec::new();
+        for l in &self.layers {
+            if let LayerState::DeltaNet { conv, ssm } = l {
+                let at = v.len();
+                v.resize(at + cl + sl, 0.0);
+                backend.download(conv, 0, &mut v[at..at + cl]);
+                backend.download(ssm, 0, &mut v[at + cl..]);
+            }
+        }
+        v
     }
 
     /// Rolls back to `snap` (taken from this state). KV rows at or after the snapshot's

@@ -38,6 +38,14 @@ fn gdn_chunked(n_tokens: usize) -> bool {
     n_tokens >= pn_kernels::DELTA_RULE_CHUNK
         && !matches!(std::env::var("PN_GDN_CHUNKED").as_deref(), Ok("0"))
 }
+/// Whether an attention call of `n_tokens` query tokens takes the tiled prefill kernel (K/V
+/// read once per 16-token query tile instead of once per token): prefill-length inputs (a full
+/// tile or more) do, decode and short inputs keep the split-K kernels, and
+/// `PN_ATTN_PREFILL_TILED=0` forces the split-K kernels everywhere (A/B runs).
+fn attn_tiled(n_tokens: usize) -> bool {
+    n_tokens >= Gpu::ATTN_PREFILL_TILE
+        && !matches!(std::env::var("PN_ATTN_PREFILL_TILED").as_deref(), Ok("0"))
+}
 /// The conv kernel length of the conv1d kernel.
 const CONV_KERNEL: usize = 4;
 /// Longest K of the half2 PN kernels (the fp16 activation lives in 48 KB of shared memory).
@@ -585,6 +593,9 @@ impl CudaBackend {
         }
         let row = l.n_kv_heads * HEAD_DIM;
         let cap = k_cache.len() / row;
+        if attn_tiled(n_tokens) {
+            return self.try_attention_tiled(q, k_cache, v_cache, out, l, n_tokens, pos0, cap);
+        }
         let n_ctx = pos0 + n_tokens;
         // Bounded scratch: long prefill chunks use fewer, longer splits.
         let per_split = n_tokens * l.n_q_heads * (HEAD_DIM + 2);
@@ -627,6 +638,76 @@ impl CudaBackend {
                 ),
             }),
         }
+    }
+
+    /// [`Self::try_attention`] by the tiled prefill kernel (no scratch).
+    #[allow(clippy::too_many_arguments)]
+    fn try_attention_tiled(
+        &self,
+        q: &CudaBuf,
+        k_cache: &CudaKv,
+        v_cache: &CudaKv,
+        out: &mut CudaBuf,
+        l: &AttnLayout,
+        n_tokens: usize,
+        pos0: usize,
+        cap: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "attention";
+        let q_len =
+            (n_tokens - 1) * l.q_token_stride + (l.n_q_heads - 1) * l.q_head_stride + HEAD_DIM;
+        let qv = view(OP, q, 0, q_len)?;
+        let o_stride = l.n_q_heads * HEAD_DIM;
+        let mut ov = view_mut(OP, out, 0, n_tokens * o_stride)?;
+        let a = AttnCall {
+            q: &qv,
+            l,
+            cap,
+            pos0,
+            n_tokens,
+            chunk: 0,
+        };
+        match (k_cache, v_cache) {
+            (CudaKv::F32(kc, _), CudaKv::F32(vc, _)) => self.attend_tiled(&a, kc, vc, &mut ov),
+            (CudaKv::F16(kc, _), CudaKv::F16(vc, _)) => self.attend_tiled(&a, kc, vc, &mut ov),
+            (CudaKv::Q8_0(kc, _), CudaKv::Q8_0(vc, _)) => self.attend_tiled(&a, kc, vc, &mut ov),
+            (CudaKv::Q4_0(kc, _), CudaKv::Q4_0(vc, _)) => self.attend_tiled(&a, kc, vc, &mut ov),
+            (k, v) => Err(CudaError::Unsupported {
+                op: OP,
+                what: format!(
+                    "a {} k cache with a {} v cache (the attention kernels read one type for both)",
+                    k.kv_type(),
+                    v.kv_type()
+                ),
+            }),
+        }
+    }
+
+    /// The tiled prefill attention kernel over caches of element type `T`.
+    fn attend_tiled<T: KvElem>(
+        &self,
+        a: &AttnCall<'_, '_>,
+        kc: &CudaSlice<T>,
+        vc: &CudaSlice<T>,
+        ov: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), CudaError> {
+        let l = a.l;
+        let kl = KvLayout::token_major::<T>(l.n_kv_heads, a.cap);
+        self.gpu.attention_prefill(
+            a.q,
+            l.q_token_stride,
+            l.q_head_stride,
+            &kc.slice(..),
+            &vc.slice(..),
+            kl,
+            l.n_q_heads,
+            a.pos0,
+            a.n_tokens,
+            l.scale,
+            ov,
+            l.n_q_heads * HEAD_DIM,
+        )?;
+        Ok(())
     }
 
     /// The split-K attention kernels over caches of element type `T`.

@@ -1,7 +1,7 @@
 //! The greedy decode loops: plain (the reference) and speculative (MTP or a given drafter).
 
 use super::SpecStats;
-use qwen_model::{Backend, Model, ModelError, Outputs, State, Workspace};
+use qwen_model::{Backend, Model, ModelError, Outputs, State, StateTrace, Workspace};
 
 /// Errors of a speculative run.
 #[derive(Debug, thiserror::Error)]
@@ -108,9 +108,9 @@ struct Pending {
 ///
 /// Drafts up to `n_draft` tokens per step with the MTP head (`drafter: None`) or with
 /// `drafter`, verifies them in one batched trunk pass, keeps the longest prefix matching the
-/// target's argmax plus the target's own next token, and rolls the GDN state back by restoring
-/// a snapshot and replaying the accepted tokens when a draft was rejected. `state` must be
-/// empty; it ends holding the prompt and all generated tokens but the last.
+/// target's argmax plus the target's own next token, and rolls the GDN state back to the state
+/// the verification pass recorded after the accepted tokens when a draft was rejected. `state`
+/// must be empty; it ends holding the prompt and all generated tokens but the last.
 pub fn greedy_generate<B: Backend>(
     model: &Model<B>,
     state: &mut State<B>,
@@ -142,7 +142,7 @@ pub fn greedy_generate<B: Backend>(
         hidden: hidden[..(n0 - 1) * d].to_vec(),
     };
     let mut last_h = hidden[(n0 - 1) * d..].to_vec();
-    let mut snap = state.snapshot(cfg, be)?;
+    let mut trace = StateTrace::new(cfg, be, n_draft + 1)?;
     let (mut mtp_logits, mut mtp_h, mut chain_h) = (vec![0.0; v], vec![0.0; d], vec![0.0; d]);
     while out.len() < max_new {
         let n = state.pos();
@@ -192,9 +192,6 @@ pub fn greedy_generate<B: Backend>(
         batch.push(x_n);
         batch.extend_from_slice(&drafts);
         let k = batch.len();
-        if k > 1 {
-            state.snapshot_into(cfg, be, &mut snap);
-        }
         let mut vl = vec![0.0; k * v];
         let mut vh = vec![0.0; k * d];
         let out_v = Outputs {
@@ -203,7 +200,11 @@ pub fn greedy_generate<B: Backend>(
             all_rows: true,
             layer_residuals: None,
         };
-        model.forward(state, ws, &batch, out_v)?;
+        if k > 1 {
+            model.forward_traced(state, ws, &batch, out_v, &mut trace)?;
+        } else {
+            model.forward(state, ws, &batch, out_v)?;
+        }
         stats.target_passes += 1;
         stats.drafted += drafts.len() as u64;
         let mut a = 0;
@@ -217,11 +218,9 @@ pub fn greedy_generate<B: Backend>(
         };
         stats.accepted += a as u64;
         if a < drafts.len() {
-            // Rejected draft: back to before the batch, then re-run what was accepted.
-            state.restore(cfg, be, &snap);
-            model.forward(state, ws, &batch[..a + 1], Outputs::default())?;
+            // Rejected draft: back to the state recorded after the accepted rows.
+            state.restore_traced(cfg, be, &mut trace, a + 1)?;
             stats.rollbacks += 1;
-            stats.replayed += a as u64 + 1;
         }
         if use_mtp {
             // Drop the chained draft rows (they used the MTP's own h); the accepted drafts get

@@ -5,12 +5,12 @@
 use super::accept::{judge, AcceptRule};
 use super::{Drafter, SpecStats, Speculation};
 use crate::sampling::{Sampler, TokenDist};
-use qwen_model::{Backend, Model, ModelError, Outputs, Snapshot, State, Workspace};
+use qwen_model::{Backend, Model, ModelError, Outputs, State, StateTrace, Workspace};
 
-/// Drafting pauses while the running acceptance rate is below this. With rollback by
-/// recompute, a rejected draft costs a replay pass: on the 27B shape one draft per step only
-/// pays from about 60% acceptance, and a drafter that is never right (a random or mismatched
-/// MTP head) made decoding 2x slower before this back-off.
+/// Drafting pauses while the running acceptance rate is below this. A rejected draft costs its
+/// row of the verification pass (the rollback copies the GDN state recorded after the accepted
+/// prefix, no replay pass), and a drafter that is never right (a random or mismatched MTP
+/// head) still wastes those rows and the drafting itself.
 pub const MIN_ACCEPTANCE: f32 = 0.5;
 /// Steps without drafting after the first low-acceptance verdict; doubles while probes keep
 /// failing, up to [`MAX_PAUSE`].
@@ -68,7 +68,7 @@ impl Backoff {
 struct Undo {
     /// The step's run is valid (the state holds exactly `tokens` after `pos`).
     valid: bool,
-    /// Trunk position before the verification pass (the snapshot's position).
+    /// Trunk position before the verification pass (the trace's first position).
     pos: usize,
     /// `[x_n, d_1..d_a]`: the tokens the state processed in the step.
     tokens: Vec<u32>,
@@ -93,7 +93,8 @@ pub struct SpecDecoder<B: Backend> {
     /// The trunk's post-norm hidden state of position `h_for - 1`.
     last_h: Vec<f32>,
     h_for: Option<usize>,
-    snap: Option<Snapshot<B>>,
+    /// GDN states after each row of the last verification pass (rollback without replay).
+    trace: Option<StateTrace<B>>,
     undo: Undo,
     stats: SpecStats,
     backoff: Backoff,
@@ -146,7 +147,7 @@ impl<B: Backend> SpecDecoder<B> {
             use_mtp: model.config.n_mtp > 0,
             last_h: vec![0.0; model.config.hidden],
             h_for: None,
-            snap: None,
+            trace: None,
             undo: Undo::default(),
             stats: SpecStats::default(),
             backoff: Backoff::default(),
@@ -391,12 +392,6 @@ impl<B: Backend> SpecDecoder<B> {
         let mut batch = Vec::with_capacity(k);
         batch.push(x_n);
         batch.extend_from_slice(&drafts);
-        if k > 1 {
-            match self.snap.as_mut() {
-                Some(s) => state.snapshot_into(cfg, be, s),
-                None => self.snap = Some(state.snapshot(cfg, be)?),
-            }
-        }
         self.vl.resize(k * v, 0.0);
         self.vh.resize(k * d, 0.0);
         let out = Outputs {
@@ -405,7 +400,17 @@ impl<B: Backend> SpecDecoder<B> {
             all_rows: true,
             layer_residuals: None,
         };
-        model.forward(state, ws, &batch, out)?;
+        if k > 1 {
+            // Record the GDN state after every row: a rejection then rolls back by copying.
+            // (A trace too small for this step is dropped before the larger one is made.)
+            let trace = match self.trace.take().filter(|t| t.max_rows() >= k) {
+                Some(t) => self.trace.insert(t),
+                None => self.trace.insert(StateTrace::new(cfg, be, k)?),
+            };
+            model.forward_traced(state, ws, &batch, out, trace)?;
+        } else {
+            model.forward(state, ws, &batch, out)?;
+        }
         self.stats.target_passes += 1;
         self.stats.drafted += drafts.len() as u64;
 
@@ -435,14 +440,13 @@ impl<B: Backend> SpecDecoder<B> {
             self.backoff.record(drafts.len(), a);
         }
 
-        // 4. Roll back a rejected tail: restore the snapshot, re-run the accepted tokens.
+        // 4. Roll back a rejected tail: the GDN state recorded after `[x_n, d_1..d_a]` (row
+        //    `a`); the KV rows past it are overwritten later.
         if a < drafts.len() {
-            if let Some(s) = &self.snap {
-                state.restore(cfg, be, s);
+            if let Some(t) = self.trace.as_mut() {
+                state.restore_traced(cfg, be, t, a + 1)?;
             }
-            model.forward(state, ws, &batch[..a + 1], Outputs::default())?;
             self.stats.rollbacks += 1;
-            self.stats.replayed += a as u64 + 1;
         }
 
         // 5. MTP cache: drop the chained draft rows, add rows for x_n (if not made while
@@ -510,17 +514,15 @@ impl<B: Backend> SpecDecoder<B> {
                 u.tokens.len()
             )));
         }
-        let Some(snap) = &self.snap else {
+        let Some(trace) = self.trace.as_mut() else {
             return Err(ModelError::BadArgument(
-                "speculative rollback without a snapshot".into(),
+                "speculative rollback without a recorded verification pass".into(),
             ));
         };
         let (cfg, be, d) = (&model.config, &model.backend, model.config.hidden);
-        state.restore(cfg, be, snap);
-        model.forward(state, ws, &u.tokens[..keep], Outputs::default())?;
-        self.stats.replayed += keep as u64;
+        state.restore_traced(cfg, be, trace, keep)?;
         if self.use_mtp {
-            // The snapshot predates the step's MTP rows: write the kept ones again.
+            // Rebuild the MTP rows of the kept tokens (the step wrote rows for all of them).
             state.truncate_mtp(u.mtp_base);
             self.rows_t.clear();
             self.rows_h.clear();
@@ -586,6 +588,207 @@ impl<B: Backend> SpecControl for SpecDecoder<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::{SamplingParams, TokenMask};
+    use crate::speculative::Drafter;
+    use qwen_model::CpuBackend;
+
+    fn argmax(row: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate() {
+            if x > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Drafts `right` tokens of the known greedy continuation, then wrong ones.
+    struct Scripted {
+        truth: Vec<u32>,
+        right: usize,
+        vocab: u32,
+    }
+
+    impl Drafter for Scripted {
+        fn draft(&mut self, seq: &[u32], n: usize) -> Vec<u32> {
+            let end = (seq.len() + n).min(self.truth.len());
+            self.truth[seq.len()..end]
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| {
+                    if i < self.right {
+                        t
+                    } else {
+                        (t + 1) % self.vocab
+                    }
+                })
+                .collect()
+        }
+    }
+
+    struct Run {
+        model: Model<CpuBackend>,
+        prompt: Vec<u32>,
+        /// Plain greedy continuation (one-row passes) after the prompt.
+        truth: Vec<u32>,
+    }
+
+    fn demo_run(n_new: usize) -> Run {
+        let model = Model::load(crate::DEMO_MODEL_PATH, CpuBackend::new(2)).expect("demo model");
+        let v = model.config.vocab as u32;
+        let prompt: Vec<u32> = (0..12u32).map(|i| (i * 7919 + 5) % v).collect();
+        let mut ws = model.new_workspace(16).unwrap();
+        let mut st = model.new_state(256).unwrap();
+        let mut l = vec![0.0; model.config.vocab];
+        model
+            .forward(&mut st, &mut ws, &prompt, Outputs::last_logits(&mut l))
+            .unwrap();
+        let mut truth = vec![argmax(&l)];
+        while truth.len() < n_new {
+            let t = truth[truth.len() - 1];
+            model
+                .forward(&mut st, &mut ws, &[t], Outputs::last_logits(&mut l))
+                .unwrap();
+            truth.push(argmax(&l));
+        }
+        Run {
+            model,
+            prompt,
+            truth,
+        }
+    }
+
+    /// Greedy speculative generation with a [`Scripted`] drafter; calls `check` after every
+    /// step with the trunk passes and rows the step cost, the drafts it made and its result.
+    fn generate(
+        run: &Run,
+        right: usize,
+        n_draft: usize,
+        n_new: usize,
+        mut check: impl FnMut(&Model<CpuBackend>, &State<CpuBackend>, (u64, u64), usize, &[u32]),
+    ) -> (Vec<u32>, SpecStats) {
+        let m = &run.model;
+        let mut ws = m.new_workspace(16).unwrap();
+        let mut st = m.new_state(256).unwrap();
+        let mut sd = SpecDecoder::new(m, n_draft);
+        let mut truth = run.prompt.clone();
+        truth.extend_from_slice(&run.truth);
+        sd.set_drafter(Some(Box::new(Scripted {
+            truth,
+            right,
+            vocab: m.config.vocab as u32,
+        })));
+        let mut sampler = Sampler::new(SamplingParams::greedy(), TokenMask::allow_all());
+        let mut l = vec![0.0; m.config.vocab];
+        sd.forward(
+            m,
+            &mut st,
+            &mut ws,
+            &run.prompt,
+            Outputs::last_logits(&mut l),
+        )
+        .unwrap();
+        let mut history = run.prompt.clone();
+        let mut out = vec![argmax(&l)];
+        while out.len() < n_new {
+            let x_n = out[out.len() - 1];
+            let (p0, r0, d0) = (m.trunk_passes(), m.trunk_rows(), sd.stats().drafted);
+            let max_draft = n_new - out.len() - 1;
+            let (acc, next) = sd
+                .step(m, &mut st, &mut ws, &mut sampler, &history, x_n, max_draft)
+                .unwrap();
+            let cost = (m.trunk_passes() - p0, m.trunk_rows() - r0);
+            let drafted = (sd.stats().drafted - d0) as usize;
+            history.push(x_n);
+            history.extend_from_slice(&acc);
+            assert_eq!(
+                st.pos(),
+                history.len(),
+                "state holds history, x_n, accepted"
+            );
+            check(m, &st, cost, drafted, &acc);
+            out.extend_from_slice(&acc);
+            out.push(next);
+        }
+        out.truncate(n_new);
+        (out, sd.stats())
+    }
+
+    /// Every draft rejected: each step is one trunk pass of `1 + drafts` rows, the rollback
+    /// re-runs nothing, and the output is still plain greedy's.
+    #[test]
+    fn rejected_drafts_cost_no_replay_pass() {
+        let n_new = 24;
+        let run = demo_run(n_new);
+        let mut steps_with_drafts = 0;
+        let (out, stats) = generate(&run, 0, 3, n_new, |_, _, cost, drafted, acc| {
+            assert!(acc.is_empty(), "wrong drafts are rejected");
+            assert_eq!(cost, (1, 1 + drafted as u64), "one pass, no replay");
+            steps_with_drafts += usize::from(drafted > 0);
+        });
+        assert_eq!(out, run.truth, "greedy output");
+        assert!(steps_with_drafts >= 3, "drafts were made and rejected");
+        assert_eq!(stats.rollbacks, steps_with_drafts as u64);
+        assert_eq!(stats.replayed, 0);
+        assert_eq!(stats.accepted, 0);
+    }
+
+    /// One draft of two accepted per step: after the rollback the state is, bitwise, that of
+    /// a fresh state fed the same calls the old rollback made (the prompt as the decoder
+    /// feeds it, then each step's kept `[x_n, d_1]` in one call), and a step costs one pass.
+    #[test]
+    fn rollback_state_equals_a_fresh_state_fed_the_kept_tokens() {
+        let n_new = 21;
+        let run = demo_run(n_new);
+        let m = &run.model;
+        let (cfg, be) = (&m.config, &m.backend);
+        let r = run.prompt.len();
+        let mut ws = m.new_workspace(16).unwrap();
+        let mut fresh = m.new_state(256).unwrap();
+        m.forward(
+            &mut fresh,
+            &mut ws,
+            &run.prompt[..r - 1],
+            Outputs::default(),
+        )
+        .unwrap();
+        m.forward(
+            &mut fresh,
+            &mut ws,
+            &run.prompt[r - 1..],
+            Outputs::default(),
+        )
+        .unwrap();
+        let mut fed = 0;
+        let mut compared = 0;
+        let (out, stats) = generate(&run, 1, 2, n_new, |m, st, cost, drafted, acc| {
+            assert_eq!(cost, (1, 1 + drafted as u64), "one pass, no replay");
+            let kept = &run.truth[fed..fed + 1 + acc.len()];
+            assert_eq!(&kept[1..], acc);
+            m.forward(&mut fresh, &mut ws, kept, Outputs::default())
+                .unwrap();
+            fed += kept.len();
+            assert_eq!(fresh.pos(), st.pos());
+            if kept.len() >= 2 {
+                // Both sides ran these rows through multi-row matmuls: same bits.
+                assert_eq!(
+                    bits(&st.recurrent_state(cfg, be)),
+                    bits(&fresh.recurrent_state(cfg, be)),
+                    "GDN state after {} tokens",
+                    st.pos()
+                );
+                compared += 1;
+            }
+        });
+        assert_eq!(out, run.truth, "greedy output");
+        assert!(compared >= 5, "{compared} rollbacks compared");
+        assert!(stats.rollbacks >= 5 && stats.accepted >= 5, "{stats:?}");
+        assert_eq!(stats.replayed, 0);
+    }
 
     #[test]
     fn backoff_pauses_doubles_and_recovers() {

@@ -12,9 +12,11 @@ pub struct SpecStats {
     /// Tokens generated (accepted drafts plus one target token per pass, plus the first token
     /// from the prompt).
     pub generated: u64,
-    /// Passes with a rejected draft (GDN state restored and accepted tokens replayed).
+    /// Passes with a rejected draft (GDN state restored to the one recorded after the
+    /// accepted rows).
     pub rollbacks: u64,
-    /// Tokens the trunk re-ran after a rollback.
+    /// Tokens the trunk re-ran after a rollback: 0 since rollbacks copy the states the
+    /// verification pass recorded (kept so reports and tests can check it stays so).
     pub replayed: u64,
     /// Steps that did not draft because recent drafts were mostly rejected (the back-off of
     /// [`MIN_ACCEPTANCE`](super::MIN_ACCEPTANCE)).

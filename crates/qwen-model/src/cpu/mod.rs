@@ -9,7 +9,9 @@ mod weight;
 pub use pool::split_range;
 pub use weight::CpuWeight;
 
-use crate::backend::{AttnLayout, Backend, GdnDims, KvCacheType, KvType, RopeLayout, WeightSource};
+use crate::backend::{
+    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, KvType, RopeLayout, WeightSource,
+};
 use crate::error::ModelError;
 use kvquant::{BlockQ4_0, BlockQ8_0};
 use pn_format::dot::PreparedI16;
@@ -630,6 +632,60 @@ impl Backend for CpuBackend {
                 }
             }
         });
+    }
+
+    fn gated_delta_rule_traced(
+        &self,
+        y: &mut Vec<f32>,
+        b: &mut Vec<f32>,
+        alpha: &mut Vec<f32>,
+        a: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+        dims: &GdnDims,
+        n_tokens: usize,
+        trace: &mut Vec<f32>,
+        trace_row0: usize,
+        _scratch: &mut GdnRowScratch<Vec<f32>>,
+    ) {
+        // Normalisation and gates act on each row alone, and the recurrent form steps one
+        // token at a time, so stepping it per row in place gives the bits of one-row calls
+        // (never the chunked form, whose bits differ) without copying rows to scratch.
+        let (hv, cd, vd, sl) = (
+            dims.n_v_heads,
+            dims.conv_dim(),
+            dims.value_dim(),
+            dims.state_len(),
+        );
+        kernels::gdn_normalize_qk(y, dims, n_tokens);
+        kernels::gdn_gates(
+            &mut b[..n_tokens * hv],
+            &mut alpha[..n_tokens * hv],
+            a,
+            dt_bias,
+            hv,
+        );
+        assert!(
+            state.len() >= sl
+                && out.len() >= n_tokens * vd
+                && trace.len() >= (trace_row0 + n_tokens) * sl
+        );
+        for t in 0..n_tokens {
+            let (s, o) = (
+                SyncPtr(state.as_mut_ptr()),
+                // SAFETY: row `t` of `out` is in bounds (asserted above).
+                SyncPtr(unsafe { out.as_mut_ptr().add(t * vd) }),
+            );
+            let (yr, beta, g) = (&y[t * cd..], &b[t * hv..], &alpha[t * hv..]);
+            self.par_ranges(hv, 1, &|_, heads| {
+                // SAFETY: disjoint head ranges per thread; sizes asserted above.
+                unsafe {
+                    kernels::gdn_recurrent_heads(yr, beta, g, s.get(), o.get(), dims, 1, heads)
+                }
+            });
+            trace[(trace_row0 + t) * sl..(trace_row0 + t + 1) * sl].copy_from_slice(&state[..sl]);
+        }
     }
 
     fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
