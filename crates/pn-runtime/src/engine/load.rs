@@ -202,7 +202,8 @@ fn check_kv_types<B: Backend>(backend: &B, device: Device, options: &EngineOptio
 
 /// The device footprint of the model with one session at `context` positions: weights, the KV
 /// cache of the requested K/V types, the recurrent state (the live one, one copy per
-/// prompt-cache checkpoint and the speculative decoder's rollback copy, all device-resident),
+/// prompt-cache checkpoint and the speculative decoder's rollback trace of draft + 1 rows, all
+/// device-resident),
 /// the workspace for `batch` tokens and the backend's scratch.
 fn cuda_memory_plan(
     file: &GgufFile,
@@ -213,11 +214,15 @@ fn cuda_memory_plan(
     let mut plan = MemoryPlan::new(file, config, context, options.batch.max(1), KvType::F32);
     // The plan only knows the float types; the state's own per-token size covers every type.
     plan.kv_cache = kv_bytes(config, options, context);
-    let spec_copy = match options.speculation {
-        crate::speculative::Speculation::Mtp { draft } => u64::from(config.n_mtp > 0 && draft > 0),
+    // The speculative decoder keeps the state after each of the draft + 1 rows of a verify
+    // pass (its rollback trace).
+    let spec_copies = match options.speculation {
+        crate::speculative::Speculation::Mtp { draft } if config.n_mtp > 0 && draft > 0 => {
+            draft as u64 + 1
+        }
         _ => 0,
     };
-    let copies = 1 + options.prompt_cache_checkpoints as u64 + spec_copy;
+    let copies = 1 + options.prompt_cache_checkpoints as u64 + spec_copies;
     plan.recurrent_state = plan.recurrent_state.saturating_mul(copies);
     plan
 }
@@ -365,7 +370,8 @@ mod tests {
         let p = cuda_memory_plan(&file, &cfg, &q8, 1024);
         // 34 bytes per 32 values against 4 bytes per value.
         assert_eq!(p.kv_cache * 128, one.kv_cache * 34);
-        assert_eq!(p.recurrent_state, 6 * one.recurrent_state);
+        // Live + 4 checkpoints + a trace of 3 verify rows.
+        assert_eq!(p.recurrent_state, 8 * one.recurrent_state);
         assert_eq!(p.weights, one.weights);
         let e = EngineError::CudaOutOfMemory {
             ordinal: 0,
