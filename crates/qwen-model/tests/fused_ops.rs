@@ -5,16 +5,11 @@
 
 mod common;
 
-use common::{read_tokens, tiny};
-use qwen_model::cpu::{CpuKv, CpuWeight};
+use common::{read_tokens, tiny, Rot, Wrapped};
 use qwen_model::weights::Mixer;
-use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvType, Model, ModelError, Outputs, RopeLayout,
-    WeightSource,
-};
+use qwen_model::{Backend, CpuBackend, Model, Outputs};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
@@ -57,193 +52,6 @@ fn cpu_fused_ops_equal_the_separate_calls() {
     }
 }
 
-/// One call the model made that rotates activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rot {
-    /// A separate `hadamard` of `len` floats.
-    Plain { len: usize, block: usize },
-    /// `rms_norm_hadamard` of `rows` rows of `n`.
-    Norm { rows: usize, n: usize, block: usize },
-    /// `swiglu_hadamard` of `len` floats.
-    Swiglu { len: usize, block: usize },
-}
-
-/// The CPU backend, logging every rotation the graph asks for.
-struct Recording {
-    inner: CpuBackend,
-    log: Mutex<Vec<Rot>>,
-}
-
-impl Recording {
-    fn take(&self) -> Vec<Rot> {
-        std::mem::take(&mut *self.log.lock().unwrap())
-    }
-    fn push(&self, r: Rot) {
-        self.log.lock().unwrap().push(r);
-    }
-}
-
-impl Backend for Recording {
-    type Buf = Vec<f32>;
-    type Weight = CpuWeight;
-    type KvBuf = CpuKv;
-
-    fn name(&self) -> String {
-        format!("recording {}", self.inner.name())
-    }
-    fn alloc(&self, len: usize) -> Result<Vec<f32>, ModelError> {
-        self.inner.alloc(len)
-    }
-    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) {
-        self.inner.upload(src, dst, offset)
-    }
-    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) {
-        self.inner.download(src, offset, dst)
-    }
-    fn copy(&self, src: &Vec<f32>, so: usize, dst: &mut Vec<f32>, d_o: usize, len: usize) {
-        self.inner.copy(src, so, dst, d_o, len)
-    }
-    fn zero(&self, buf: &mut Vec<f32>, len: usize) {
-        self.inner.zero(buf, len)
-    }
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CpuKv, ModelError> {
-        self.inner.alloc_kv(len, ty)
-    }
-    fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
-        self.inner.kv_write(src, dst, dst_off, len)
-    }
-    fn load_weight(&self, src: &WeightSource<'_>) -> Result<CpuWeight, ModelError> {
-        self.inner.load_weight(src)
-    }
-    fn embed(&self, t: &CpuWeight, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
-        self.inner.embed(t, tokens, out)
-    }
-    fn matmul(
-        &self,
-        x: &Vec<f32>,
-        rows: usize,
-        outs: &mut [(&CpuWeight, &mut Vec<f32>)],
-    ) -> Result<(), ModelError> {
-        self.inner.matmul(x, rows, outs)
-    }
-    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) {
-        self.push(Rot::Plain { len, block });
-        self.inner.hadamard(x, len, block)
-    }
-    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, o: &mut Vec<f32>, r: usize, n: usize, e: f32) {
-        self.inner.rms_norm(x, w, o, r, n, e)
-    }
-    fn rms_norm_strided(
-        &self,
-        x: &mut Vec<f32>,
-        w: &Vec<f32>,
-        n: usize,
-        s: usize,
-        c: usize,
-        e: f32,
-    ) {
-        self.inner.rms_norm_strided(x, w, n, s, c, e)
-    }
-    fn gated_rms_norm(
-        &self,
-        x: &mut Vec<f32>,
-        z: &Vec<f32>,
-        w: &Vec<f32>,
-        l: usize,
-        n: usize,
-        e: f32,
-    ) {
-        self.inner.gated_rms_norm(x, z, w, l, n, e)
-    }
-    fn rope(&self, x: &mut Vec<f32>, l: &RopeLayout, n: usize, pos0: usize, theta: f32) {
-        self.inner.rope(x, l, n, pos0, theta)
-    }
-    fn attention(
-        &self,
-        q: &Vec<f32>,
-        k: &CpuKv,
-        v: &CpuKv,
-        out: &mut Vec<f32>,
-        layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
-    ) {
-        self.inner.attention(q, k, v, out, layout, n_tokens, pos0)
-    }
-    fn sigmoid_gate(
-        &self,
-        x: &mut Vec<f32>,
-        gate: &Vec<f32>,
-        n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        off: usize,
-        ts: usize,
-        hs: usize,
-    ) {
-        self.inner
-            .sigmoid_gate(x, gate, n_tokens, n_heads, head_dim, off, ts, hs)
-    }
-    fn conv1d_silu(
-        &self,
-        u: &Vec<f32>,
-        w: &Vec<f32>,
-        state: &mut Vec<f32>,
-        y: &mut Vec<f32>,
-        n_tokens: usize,
-        channels: usize,
-        kernel: usize,
-    ) {
-        self.inner
-            .conv1d_silu(u, w, state, y, n_tokens, channels, kernel)
-    }
-    fn gated_delta_rule(
-        &self,
-        y: &mut Vec<f32>,
-        b: &mut Vec<f32>,
-        alpha: &mut Vec<f32>,
-        a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-        state: &mut Vec<f32>,
-        out: &mut Vec<f32>,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) {
-        self.inner
-            .gated_delta_rule(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
-    }
-    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        self.inner.swiglu(gate, up, len)
-    }
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
-        self.inner.add(x, y, len)
-    }
-    fn rms_norm_hadamard(
-        &self,
-        x: &Vec<f32>,
-        w: &Vec<f32>,
-        out: &mut Vec<f32>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-        block: usize,
-    ) {
-        self.push(Rot::Norm { rows, n, block });
-        self.inner.rms_norm_hadamard(x, w, out, rows, n, eps, block)
-    }
-    fn swiglu_hadamard(
-        &self,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
-        out: &mut Vec<f32>,
-        len: usize,
-        block: usize,
-    ) {
-        self.push(Rot::Swiglu { len, block });
-        self.inner.swiglu_hadamard(gate, up, out, len, block)
-    }
-}
-
 fn demo(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/demo-code-model")
@@ -254,7 +62,7 @@ fn demo(name: &str) -> PathBuf {
 /// flags: fused after the attention norm when any mixer input matrix is rotated (GDN mixes PN
 /// and unquantized ones), after the FFN norm when gate or up is, after SwiGLU when down is;
 /// separate where the input is no norm or SwiGLU output (attention/GDN output projections).
-fn expected(m: &Model<Recording>, rows: usize, head_rows: usize, hidden: bool) -> Vec<Rot> {
+fn expected(m: &Model<Wrapped>, rows: usize, head_rows: usize, hidden: bool) -> Vec<Rot> {
     let c = &m.config;
     let block = c.rotation.expect("rotated model").block_size;
     let (d, f) = (c.hidden, c.ffn);
@@ -306,10 +114,7 @@ fn expected(m: &Model<Recording>, rows: usize, head_rows: usize, hidden: bool) -
 /// ask for the normed hidden state; and the logits do not depend on which path the head took.
 #[test]
 fn rotated_demo_model_uses_the_fused_ops() {
-    let be = Recording {
-        inner: CpuBackend::new(2),
-        log: Mutex::new(Vec::new()),
-    };
+    let be = Wrapped::new(CpuBackend::new(2));
     let m = Model::load(demo("model-pn3.gguf"), be).expect("demo PN3 model");
     let (d, v) = (m.config.hidden, m.config.vocab);
     let tokens = read_tokens(&demo("tokens_val.json"));
@@ -392,10 +197,7 @@ fn rotated_demo_model_uses_the_fused_ops() {
 /// An unrotated model (tiny-qwen35, F16) asks for no rotation at all.
 #[test]
 fn unrotated_model_rotates_nothing() {
-    let be = Recording {
-        inner: CpuBackend::new(2),
-        log: Mutex::new(Vec::new()),
-    };
+    let be = Wrapped::new(CpuBackend::new(2));
     let m = Model::load(tiny("model-f16.gguf"), be).expect("tiny model");
     let tokens = read_tokens(&tiny("tokens_a.json"));
     let mut ws = m.new_workspace(8).unwrap();

@@ -4,12 +4,8 @@
 
 mod common;
 
-use common::tiny;
-use qwen_model::cpu::{CpuKv, CpuWeight};
-use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, GdnRowScratch, KvCacheType, KvType, Model,
-    ModelError, Outputs, RopeLayout, StateTrace, WeightSource,
-};
+use common::{tiny, Wrapped};
+use qwen_model::{Backend, CpuBackend, GdnDims, GdnRowScratch, Model, Outputs, StateTrace};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
@@ -245,171 +241,6 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
     );
 }
 
-/// The CPU backend without its `gated_delta_rule_traced` override: the trait default (what
-/// the CUDA backend runs) on the CPU ops. Every other op is the CPU backend's own.
-struct Defaults(CpuBackend);
-
-impl Backend for Defaults {
-    type Buf = Vec<f32>;
-    type Weight = CpuWeight;
-    type KvBuf = CpuKv;
-
-    fn name(&self) -> String {
-        format!("defaults over {}", self.0.name())
-    }
-    fn alloc(&self, len: usize) -> Result<Vec<f32>, ModelError> {
-        self.0.alloc(len)
-    }
-    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) {
-        self.0.upload(src, dst, offset)
-    }
-    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) {
-        self.0.download(src, offset, dst)
-    }
-    fn copy(&self, src: &Vec<f32>, so: usize, dst: &mut Vec<f32>, d_o: usize, len: usize) {
-        self.0.copy(src, so, dst, d_o, len)
-    }
-    fn zero(&self, buf: &mut Vec<f32>, len: usize) {
-        self.0.zero(buf, len)
-    }
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CpuKv, ModelError> {
-        self.0.alloc_kv(len, ty)
-    }
-    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
-        self.0.alloc_kv_cache(len, ty)
-    }
-    fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
-        self.0.kv_write(src, dst, dst_off, len)
-    }
-    fn load_weight(&self, src: &WeightSource<'_>) -> Result<CpuWeight, ModelError> {
-        self.0.load_weight(src)
-    }
-    fn embed(&self, t: &CpuWeight, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
-        self.0.embed(t, tokens, out)
-    }
-    fn matmul(
-        &self,
-        x: &Vec<f32>,
-        rows: usize,
-        outs: &mut [(&CpuWeight, &mut Vec<f32>)],
-    ) -> Result<(), ModelError> {
-        self.0.matmul(x, rows, outs)
-    }
-    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) {
-        self.0.hadamard(x, len, block)
-    }
-    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, o: &mut Vec<f32>, r: usize, n: usize, e: f32) {
-        self.0.rms_norm(x, w, o, r, n, e)
-    }
-    fn rms_norm_strided(
-        &self,
-        x: &mut Vec<f32>,
-        w: &Vec<f32>,
-        n: usize,
-        s: usize,
-        c: usize,
-        e: f32,
-    ) {
-        self.0.rms_norm_strided(x, w, n, s, c, e)
-    }
-    fn gated_rms_norm(
-        &self,
-        x: &mut Vec<f32>,
-        z: &Vec<f32>,
-        w: &Vec<f32>,
-        l: usize,
-        n: usize,
-        e: f32,
-    ) {
-        self.0.gated_rms_norm(x, z, w, l, n, e)
-    }
-    fn rope(&self, x: &mut Vec<f32>, l: &RopeLayout, n: usize, pos0: usize, theta: f32) {
-        self.0.rope(x, l, n, pos0, theta)
-    }
-    fn attention(
-        &self,
-        q: &Vec<f32>,
-        k: &CpuKv,
-        v: &CpuKv,
-        out: &mut Vec<f32>,
-        layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
-    ) {
-        self.0.attention(q, k, v, out, layout, n_tokens, pos0)
-    }
-    fn sigmoid_gate(
-        &self,
-        x: &mut Vec<f32>,
-        gate: &Vec<f32>,
-        n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        off: usize,
-        ts: usize,
-        hs: usize,
-    ) {
-        self.0
-            .sigmoid_gate(x, gate, n_tokens, n_heads, head_dim, off, ts, hs)
-    }
-    fn conv1d_silu(
-        &self,
-        u: &Vec<f32>,
-        w: &Vec<f32>,
-        state: &mut Vec<f32>,
-        y: &mut Vec<f32>,
-        n_tokens: usize,
-        channels: usize,
-        kernel: usize,
-    ) {
-        self.0
-            .conv1d_silu(u, w, state, y, n_tokens, channels, kernel)
-    }
-    fn gated_delta_rule(
-        &self,
-        y: &mut Vec<f32>,
-        b: &mut Vec<f32>,
-        alpha: &mut Vec<f32>,
-        a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-        state: &mut Vec<f32>,
-        out: &mut Vec<f32>,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) {
-        self.0
-            .gated_delta_rule(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
-    }
-    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
-        self.0.swiglu(gate, up, len)
-    }
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
-        self.0.add(x, y, len)
-    }
-    fn rms_norm_hadamard(
-        &self,
-        x: &Vec<f32>,
-        w: &Vec<f32>,
-        out: &mut Vec<f32>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-        block: usize,
-    ) {
-        self.0.rms_norm_hadamard(x, w, out, rows, n, eps, block)
-    }
-    fn swiglu_hadamard(
-        &self,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
-        out: &mut Vec<f32>,
-        len: usize,
-        block: usize,
-    ) {
-        self.0.swiglu_hadamard(gate, up, out, len, block)
-    }
-}
-
 /// Prompt, then a traced batch of 5; returns the logits of the batch and the restored GDN
 /// state of every prefix (longest first).
 fn traced_states<B: Backend>(m: &Model<B>) -> (Vec<f32>, Vec<Vec<f32>>) {
@@ -446,7 +277,7 @@ fn traced_states<B: Backend>(m: &Model<B>) -> (Vec<f32>, Vec<Vec<f32>>) {
 fn trait_default_traced_pass_equals_the_cpu_override() {
     for path in [tiny("model-f16.gguf"), demo()] {
         let cpu = Model::load(&path, CpuBackend::new(2)).unwrap();
-        let def = Model::load(&path, Defaults(CpuBackend::new(2))).unwrap();
+        let def = Model::load(&path, Wrapped::new(CpuBackend::new(2))).unwrap();
         let (l1, s1) = traced_states(&cpu);
         let (l2, s2) = traced_states(&def);
         assert_eq!(bits(&l1), bits(&l2), "{path:?}: logits");

@@ -3,6 +3,10 @@
 
 use std::path::PathBuf;
 
+mod wrapped;
+#[allow(unused_imports)] // not every test binary uses it
+pub use wrapped::{Rot, Wrapped};
+
 /// `tests/data/tiny-qwen35/<name>` at the workspace root.
 pub fn tiny(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
