@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the CUDA 12.9 compiler pieces that pn-kernels needs (NVRTC, the CUDA headers, CCCL's
 # <cuda/std/...> headers and ptxas) from PyPI into <checkout>/.cuda-toolchain, then prints the
-# `export` lines that point crates/pn-kernels/build.rs at them:
+# `export` lines that point pn-kernels/build.rs at them:
 #
 #     eval "$(scripts/cuda-toolchain.sh)"
 #     cargo build -p pn-kernels

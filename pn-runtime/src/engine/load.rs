@@ -1,0 +1,395 @@
+//! Opening, checking and binding a model file.
+
+use super::error::{EngineError, Result};
+use super::options::{Device, EngineOptions, DEFAULT_CONTEXT};
+use super::{Engine, LoadedModel, FALLBACK_CHAT_TEMPLATE};
+use crate::chat_template::{ChatTemplate, ChatTemplateError};
+use crate::sampling::{StopTokens, TokenMask};
+use crate::tokenizer::Tokenizer;
+use gguf_io::{GgmlType, GgufError, GgufFile};
+use qwen_model::cuda::{CudaBackend, CudaError, MemoryPlan};
+use qwen_model::{Backend, CpuBackend, KvCacheType, KvType, Model, ModelConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Where loading is, for a progress bar: `done` of `total` units of the current `stage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadProgress {
+    /// What is being done (`"validating"`, `"binding"`).
+    pub stage: &'static str,
+    /// Units done (bytes while validating).
+    pub done: u64,
+    /// Units in total.
+    pub total: u64,
+}
+
+pub(super) fn load(
+    path: &Path,
+    options: EngineOptions,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Engine> {
+    check_device(&options)?;
+    if !path.exists() {
+        return Err(EngineError::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let file = GgufFile::open(path).map_err(|e| match e {
+        GgufError::BadMagic { found } => EngineError::NotGguf {
+            path: path.to_path_buf(),
+            found,
+        },
+        e => EngineError::Gguf(e),
+    })?;
+    let arch = file
+        .get_str("general.architecture")
+        .map_err(EngineError::Gguf)?;
+    if arch != "qwen35" {
+        return Err(EngineError::WrongArchitecture {
+            path: path.to_path_buf(),
+            found: arch.to_string(),
+        });
+    }
+    if options.validate_pn {
+        validate_pn_tensors(&file, progress)?;
+    }
+    let config = ModelConfig::from_gguf(&file)?;
+    let context = resolve_context(&config, options.context)?;
+    let file = Arc::new(file);
+    let model = match options.device {
+        Device::Cpu => {
+            check_memory(&config, &options, context)?;
+            let backend = CpuBackend::new(options.threads);
+            LoadedModel::Cpu(bind(file, backend, progress)?)
+        }
+        Device::Cuda(ordinal) => {
+            let backend = open_cuda(ordinal, &file, &config, &options, context)?;
+            LoadedModel::Cuda(bind(file, backend, progress)?)
+        }
+    };
+
+    let tokenizer = Tokenizer::from_gguf(super::with_model!(&model, m => m.file()))?;
+    let (template, template_is_fallback) = match &options.chat_template {
+        Some(src) => (
+            ChatTemplate::new(src)?.with_special_tokens_of(&tokenizer),
+            false,
+        ),
+        None => match ChatTemplate::from_tokenizer(&tokenizer) {
+            Ok(t) => (t, false),
+            Err(ChatTemplateError::Missing) => (
+                ChatTemplate::new(FALLBACK_CHAT_TEMPLATE)?.with_special_tokens_of(&tokenizer),
+                true,
+            ),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let template = template.with_isolation(options.template_isolation.clone());
+    // The sampler never picks padding ids nor embedding rows past the tokenizer's vocabulary.
+    let mask = TokenMask::from_tokenizer(&tokenizer);
+    let stop_tokens = StopTokens::from_tokenizer(&tokenizer);
+    Ok(Engine {
+        model,
+        tokenizer,
+        template,
+        template_is_fallback,
+        mask,
+        stop_tokens,
+        options,
+        context,
+        path: path.to_path_buf(),
+    })
+}
+
+/// Refuses a CUDA device that cannot be opened here before the file is read (validation of a
+/// large file takes a while; the user should learn about a missing driver first).
+fn check_device(options: &EngineOptions) -> Result<()> {
+    match options.device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(ordinal) => {
+            CudaBackend::availability(ordinal).map_err(|e| cuda_error(ordinal, e))
+        }
+    }
+}
+
+/// The engine error for a CUDA backend error on device `ordinal`: the reasons a user can act
+/// on (no kernels, no driver, no such device) get their own variants.
+fn cuda_error(ordinal: usize, e: CudaError) -> EngineError {
+    match e {
+        CudaError::NoKernels { info } => EngineError::CudaNoKernels {
+            ordinal,
+            reason: info.trim().to_string(),
+        },
+        CudaError::NoDriver => EngineError::CudaNoDriver { ordinal },
+        CudaError::NoDevice { count, .. } => EngineError::CudaNoDevice { ordinal, count },
+        source => EngineError::Cuda { ordinal, source },
+    }
+}
+
+/// Makes the weights resident on `backend` and binds the graph to them.
+fn bind<B: Backend>(
+    file: Arc<GgufFile>,
+    backend: B,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Model<B>> {
+    progress(LoadProgress {
+        stage: "binding",
+        done: 0,
+        total: 1,
+    });
+    let model = Model::from_file(file, backend)?;
+    progress(LoadProgress {
+        stage: "binding",
+        done: 1,
+        total: 1,
+    });
+    Ok(model)
+}
+
+/// Opens CUDA device `ordinal` and checks, before any weight is uploaded, that it can hold the
+/// KV cache types asked for and that the whole footprint fits in its free memory.
+fn open_cuda(
+    ordinal: usize,
+    file: &GgufFile,
+    config: &ModelConfig,
+    options: &EngineOptions,
+    context: usize,
+) -> Result<CudaBackend> {
+    let backend = CudaBackend::new(ordinal).map_err(|e| cuda_error(ordinal, e))?;
+    // The device attention kernels read K and V with one element type.
+    if options.kv_type_k != options.kv_type_v {
+        return Err(EngineError::MixedKvTypes {
+            k: options.kv_type_k.to_string(),
+            v: options.kv_type_v.to_string(),
+            device: Device::Cuda(ordinal).to_string(),
+        });
+    }
+    check_kv_types(&backend, Device::Cuda(ordinal), options)?;
+    let plan = cuda_memory_plan(file, config, options, context);
+    let (free, total) = backend.memory_info().map_err(|e| cuda_error(ordinal, e))?;
+    if plan.total() > free {
+        return Err(EngineError::CudaOutOfMemory {
+            ordinal,
+            plan,
+            free_mib: free >> 20,
+            total_mib: total >> 20,
+        });
+    }
+    Ok(backend)
+}
+
+/// Refuses a K or V cache type `backend` cannot store. Asks the backend itself (a one-row
+/// cache), so what it supports is never restated here and cannot drift from it.
+fn check_kv_types<B: Backend>(backend: &B, device: Device, options: &EngineOptions) -> Result<()> {
+    // One 256-value head row: a whole number of blocks of every type.
+    const PROBE: usize = 256;
+    let supported = |ty: KvCacheType| backend.alloc_kv_cache(PROBE, ty).is_ok();
+    for ty in [options.kv_type_k, options.kv_type_v] {
+        if !supported(ty) {
+            let names: Vec<&str> = KvCacheType::ALL
+                .into_iter()
+                .filter(|&t| supported(t))
+                .map(KvCacheType::name)
+                .collect();
+            return Err(EngineError::UnsupportedKvType {
+                kv: ty.to_string(),
+                device: device.to_string(),
+                supported: names.join(", "),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The device footprint of the model with one session at `context` positions: weights, the KV
+/// cache of the requested K/V types, the recurrent state (the live one, one copy per
+/// prompt-cache checkpoint and the speculative decoder's rollback trace of draft + 1 rows, all
+/// device-resident),
+/// the workspace for `batch` tokens and the backend's scratch.
+fn cuda_memory_plan(
+    file: &GgufFile,
+    config: &ModelConfig,
+    options: &EngineOptions,
+    context: usize,
+) -> MemoryPlan {
+    let mut plan = MemoryPlan::new(file, config, context, options.batch.max(1), KvType::F32);
+    // The plan only knows the float types; the state's own per-token size covers every type.
+    plan.kv_cache = kv_bytes(config, options, context);
+    // The speculative decoder keeps the state after each of the draft + 1 rows of a verify
+    // pass (its rollback trace).
+    let spec_copies = match options.speculation {
+        crate::speculative::Speculation::Mtp { draft } if config.n_mtp > 0 && draft > 0 => {
+            draft as u64 + 1
+        }
+        _ => 0,
+    };
+    let copies = 1 + options.prompt_cache_checkpoints as u64 + spec_copies;
+    plan.recurrent_state = plan.recurrent_state.saturating_mul(copies);
+    plan
+}
+
+/// Checks every block of every PN tensor (finite scales, no reserved bits).
+fn validate_pn_tensors(file: &GgufFile, progress: &mut dyn FnMut(LoadProgress)) -> Result<()> {
+    let pn_type = |ty: GgmlType| match ty {
+        GgmlType::Pn3t => Some(pn_format::PnType::Pn3t),
+        GgmlType::Pn4t => Some(pn_format::PnType::Pn4t),
+        _ => None,
+    };
+    let total: u64 = file
+        .tensor_infos()
+        .iter()
+        .filter(|t| pn_type(t.ty).is_some())
+        .map(|t| t.n_bytes)
+        .sum();
+    if total == 0 {
+        return Ok(());
+    }
+    let mut done = 0;
+    for t in file.tensors() {
+        let Some(ty) = pn_type(t.ty) else { continue };
+        let n_rows = t.n_rows().max(1);
+        let row_bytes = t.bytes.len() as u64 / n_rows;
+        for (row, bytes) in t.bytes.chunks(row_bytes.max(1) as usize).enumerate() {
+            pn_format::validate_row(ty, bytes).map_err(|source| EngineError::InvalidPnTensor {
+                tensor: t.name.to_string(),
+                row: row as u64,
+                source,
+            })?;
+        }
+        done += t.bytes.len() as u64;
+        progress(LoadProgress {
+            stage: "validating",
+            done,
+            total,
+        });
+    }
+    Ok(())
+}
+
+fn resolve_context(config: &ModelConfig, requested: usize) -> Result<usize> {
+    let max = config.context_length;
+    if requested == 0 {
+        return Ok(DEFAULT_CONTEXT.min(max).max(1));
+    }
+    if requested > max {
+        return Err(EngineError::ContextTooLarge { requested, max });
+    }
+    Ok(requested)
+}
+
+/// Bytes of one session's attention KV cache (trunk attention layers plus the MTP block).
+pub(super) fn kv_bytes(config: &ModelConfig, options: &EngineOptions, context: usize) -> u64 {
+    qwen_model::kv_bytes_per_token(config, options.kv_type_k, options.kv_type_v)
+        .saturating_mul(context as u64)
+}
+
+/// Refuses a context whose KV cache cannot fit in the memory the system reports available, so
+/// the user gets the numbers instead of an abort from the allocator.
+fn check_memory(config: &ModelConfig, options: &EngineOptions, context: usize) -> Result<()> {
+    let needed = kv_bytes(config, options, context);
+    if let Some(available) = available_memory() {
+        if needed > available {
+            return Err(EngineError::ContextOutOfMemory {
+                requested: context,
+                needed_mib: needed.div_ceil(1 << 20),
+                available_mib: available >> 20,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::speculative::Speculation;
+
+    #[test]
+    fn cuda_errors_name_the_device_and_the_reason() {
+        let e = cuda_error(2, CudaError::NoDriver);
+        assert!(
+            matches!(e, EngineError::CudaNoDriver { ordinal: 2 }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("cuda:2") && e.to_string().contains("libcuda"));
+        let e = cuda_error(
+            5,
+            CudaError::NoDevice {
+                ordinal: 5,
+                count: 1,
+            },
+        );
+        assert!(
+            matches!(
+                e,
+                EngineError::CudaNoDevice {
+                    ordinal: 5,
+                    count: 1
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("cuda:5"), "{e}");
+        let e = cuda_error(0, CudaError::NoKernels { info: "no nvcc\n" });
+        assert!(
+            matches!(&e, EngineError::CudaNoKernels { ordinal: 0, reason } if reason == "no nvcc"),
+            "{e:?}"
+        );
+        let e = cuda_error(1, CudaError::OutOfMemory("x".into()));
+        assert!(matches!(e, EngineError::Cuda { ordinal: 1, .. }), "{e:?}");
+    }
+
+    /// The plan counts the KV cache of the requested types and a recurrent state per copy the
+    /// session keeps on the device; the error names every term.
+    #[test]
+    fn cuda_plan_counts_kv_types_and_state_copies() {
+        let file = GgufFile::open(super::super::DEMO_MODEL_PATH).unwrap();
+        let cfg = ModelConfig::from_gguf(&file).unwrap();
+        let base = EngineOptions {
+            speculation: Speculation::None,
+            prompt_cache_checkpoints: 0,
+            ..EngineOptions::default()
+        };
+        let one = cuda_memory_plan(&file, &cfg, &base, 1024);
+        assert_eq!(one.kv_cache, kv_bytes(&cfg, &base, 1024));
+        assert_eq!(one.recurrent_state, super::super::checkpoint_bytes(&cfg));
+        let q8 = EngineOptions {
+            kv_type_k: KvCacheType::Q8_0,
+            kv_type_v: KvCacheType::Q8_0,
+            prompt_cache_checkpoints: 4,
+            speculation: Speculation::Mtp { draft: 2 },
+            ..base.clone()
+        };
+        let p = cuda_memory_plan(&file, &cfg, &q8, 1024);
+        // 34 bytes per 32 values against 4 bytes per value.
+        assert_eq!(p.kv_cache * 128, one.kv_cache * 34);
+        // Live + 4 checkpoints + a trace of 3 verify rows.
+        assert_eq!(p.recurrent_state, 8 * one.recurrent_state);
+        assert_eq!(p.weights, one.weights);
+        let e = EngineError::CudaOutOfMemory {
+            ordinal: 0,
+            plan: p,
+            free_mib: 1,
+            total_mib: 2,
+        };
+        let msg = e.to_string();
+        for term in [
+            "cuda:0",
+            "weights",
+            "KV cache at 1024 positions",
+            "recurrent state",
+            "workspace",
+            "scratch",
+            "1 MiB of 2 MiB",
+        ] {
+            assert!(msg.contains(term), "{term}: {msg}");
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The engine: loading and validating models, sessions, sampling, speculative decoding, the
+//! tokenizer and chat template, the CUDA backend, and the `pn` command-line program.
+//!
+//! Generating text in a Rust program (this example runs the demo model that ships in the
+//! repository; pass the path of any `qwen35` GGUF instead):
+//!
+//! ```
+//! use pn_runtime::{Engine, EngineOptions, SamplingParams, StopConditions};
+//!
+//! let engine = Engine::load(pn_runtime::DEMO_MODEL_PATH, EngineOptions::default())?;
+//! let mut session = engine.session()?;
+//! let stop = StopConditions::max_tokens(8).with_strings(["\n\n"]);
+//! for event in session.generate("def fibonacci(n):", SamplingParams::greedy(), stop)? {
+//!     print!("{}", event?.text);
+//! }
+//! # Ok::<(), pn_runtime::EngineError>(())
+//! ```
+//!
+//! Chat-level helpers take messages and go through the model's chat template:
+//! [`Session::chat`](engine::Session::chat) with [`ChatMessage`](chat_template::ChatMessage)s.
+pub mod engine;
+pub use engine::{
+    CancelToken, Device, Engine, EngineError, EngineOptions, FinishReason, Session, StopConditions,
+    TokenEvent, DEMO_MODEL_F16_PATH, DEMO_MODEL_PATH,
+};
+pub use sampling::SamplingParams;
+pub mod chat_template;
+pub mod quantize;
+pub mod sampling;
+pub mod server;
+pub mod speculative;
+pub mod tokenizer;
