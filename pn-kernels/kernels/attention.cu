@@ -17,19 +17,23 @@
 #define ATT_D 256
 #define ATT_WARPS 8
 
+// kv_store_*: K and V rows of token t, kv head g, into the caches at position p0 + t. With
+// v == vc == nullptr only K goes to kc (a single cache, e.g. the backend's row copy); the branch
+// is uniform over the launch, so the warp-wide shuffles of the quantizers stay converged.
+
 extern "C" __global__ void __launch_bounds__(256) kv_store_f16(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
                                                     __half* __restrict__ kc, __half* __restrict__ vc, long long pos_stride, long long head_stride, int p0) {
     const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride + d;
     kc[dst] = __float2half_rn(k[t * tok_stride + g * ATT_D + d]);
-    vc[dst] = __float2half_rn(v[t * tok_stride + g * ATT_D + d]);
+    if (vc != nullptr) vc[dst] = __float2half_rn(v[t * tok_stride + g * ATT_D + d]);
 }
 extern "C" __global__ void __launch_bounds__(256) kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, long long tok_stride,
                                                     float* __restrict__ kc, float* __restrict__ vc, long long pos_stride, long long head_stride, int p0) {
     const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride + d;
     kc[dst] = k[t * tok_stride + g * ATT_D + d];
-    vc[dst] = v[t * tok_stride + g * ATT_D + d];
+    if (vc != nullptr) vc[dst] = v[t * tok_stride + g * ATT_D + d];
 }
 // Q8_0 rows as ggml's reference quantizer writes them: per 32 values d = amax/127, stored as
 // f16; q = round(x / d) (half away from zero, computed as x * (1/d) with d in f32).
@@ -50,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) kv_store_q8_0(const float* __r
     const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride;
     kv_q8_0_store_one(k + t * tok_stride + g * ATT_D, kc + dst, d);
-    kv_q8_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
+    if (vc != nullptr) kv_q8_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
 }
 
 // Q4_0 rows as the CPU KV cache writes them (kv_blocks.cuh): lane d of warp w quantizes value d
@@ -72,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(256) kv_store_q4_0(const float* __r
     const int g = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const long long dst = (long long)(p0 + t) * pos_stride + (long long)g * head_stride;
     kv_q4_0_store_one(k + t * tok_stride + g * ATT_D, kc + dst, d);
-    kv_q4_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
+    if (vc != nullptr) kv_q4_0_store_one(v + t * tok_stride + g * ATT_D, vc + dst, d);
 }
 
 // Q8_0 and Q4_0 KV caches are addressed in bytes; these wrapper types select their loaders.

@@ -2,6 +2,10 @@
 //! CPU-side tests of the layout math. Not a production API.
 #![allow(missing_docs)]
 
+// The C side takes each stride and size as its own argument (the kernels' signatures), so
+// the three emulator entry points exceed clippy's argument count; the safe wrappers below take
+// shape structs.
+#[allow(clippy::too_many_arguments)]
 extern "C" {
     pub fn pn_shim_pn_dequant_pair_block(
         bits: i32,
@@ -38,7 +42,6 @@ extern "C" {
     pub fn pn_shim_gdn_tri_row(idx: i32) -> i32;
     pub fn pn_shim_fwht_first(k: i32, r: i32, h: i32) -> i32;
     pub fn pn_shim_fwht_blocks(x: *mut f32, n: i32, r: i32, scale: f32);
-    #[allow(clippy::too_many_arguments)]
     pub fn pn_shim_emu_delta_rule_chunked(
         q: *const f32,
         k: *const f32,
@@ -58,7 +61,6 @@ extern "C" {
         t: i32,
     ) -> i32;
     pub fn pn_shim_gdn_solve(mc: *const f32, beta: *const f32, u: *mut f32, c: i32);
-    #[allow(clippy::too_many_arguments)]
     pub fn pn_shim_emu_attn_prefill(
         kv_type: i32,
         q: *const f32,
@@ -76,7 +78,6 @@ extern "C" {
         o: *mut f32,
         o_tok_stride: i64,
     ) -> i32;
-    #[allow(clippy::too_many_arguments)]
     pub fn pn_shim_gdn_chunked_head(
         q: *const f32,
         k: *const f32,
@@ -98,6 +99,7 @@ extern "C" {
 /// Safe wrappers: each checks the buffer sizes the C side reads.
 pub mod safe {
     use super::*;
+    use crate::types::{DeltaRuleInputs, DeltaRuleShape};
 
     /// First element of butterfly `k` of the stage of span `h` (chunks of `r`), as the Hadamard
     /// kernels pair them.
@@ -251,47 +253,39 @@ pub mod safe {
         // SAFETY: sizes checked; the C side reads mc[..c*(c+1)], beta[..n], u[..n].
         unsafe { pn_shim_gdn_solve(mc.as_ptr(), beta.as_ptr(), u.as_mut_ptr(), u.len() as i32) };
     }
-    /// One value head of the chunked delta rule on the host: `q`, `k` rows of 128 at
-    /// `t * qk_stride`, `v` at `t * v_stride`, raw `b`/`al` at `t * ab_stride`, `state` 128 x 128
-    /// (row j holds S[.][j]), output rows of 128 at `t * out_stride`.
-    #[allow(clippy::too_many_arguments)]
+    /// One value head of the chunked delta rule on the host, per `s` with one value and one
+    /// key head: `q`, `k` rows of 128 at `t * qk_stride`, `v` at `t * v_stride`, raw beta/alpha
+    /// at `t * ab_stride`, `dt_bias[0]` and `ssm_a[0]` the head's gate parameters, `state`
+    /// 128 x 128 (row j holds S[.][j]), output rows of 128 at `t * out_stride`.
     pub fn gdn_chunked_head(
-        q: &[f32],
-        k: &[f32],
-        qk_stride: usize,
-        v: &[f32],
-        v_stride: usize,
-        b: &[f32],
-        al: &[f32],
-        ab_stride: usize,
-        dt_bias: f32,
-        a: f32,
+        x: &DeltaRuleInputs<&[f32]>,
+        s: &DeltaRuleShape,
         state: &mut [f32],
         out: &mut [f32],
-        out_stride: usize,
-        t: usize,
     ) {
-        assert!(t > 0 && state.len() >= 128 * 128);
+        let t = s.t_len;
+        assert!(t > 0 && s.n_v_heads == 1 && s.n_k_heads == 1 && state.len() >= 128 * 128);
+        assert!(!x.dt_bias.is_empty() && !x.ssm_a.is_empty());
         let t1 = t - 1;
-        assert!(q.len() >= t1 * qk_stride + 128 && k.len() >= t1 * qk_stride + 128);
-        assert!(v.len() >= t1 * v_stride + 128 && out.len() >= t1 * out_stride + 128);
-        assert!(b.len() > t1 * ab_stride && al.len() > t1 * ab_stride);
+        assert!(x.q.len() >= t1 * s.qk_stride + 128 && x.k.len() >= t1 * s.qk_stride + 128);
+        assert!(x.v.len() >= t1 * s.v_stride + 128 && out.len() >= t1 * s.out_stride + 128);
+        assert!(x.beta_raw.len() > t1 * s.ab_stride && x.alpha_raw.len() > t1 * s.ab_stride);
         // SAFETY: every length the C side reads or writes is checked above.
         unsafe {
             pn_shim_gdn_chunked_head(
-                q.as_ptr(),
-                k.as_ptr(),
-                qk_stride as i64,
-                v.as_ptr(),
-                v_stride as i64,
-                b.as_ptr(),
-                al.as_ptr(),
-                ab_stride as i64,
-                dt_bias,
-                a,
+                x.q.as_ptr(),
+                x.k.as_ptr(),
+                s.qk_stride as i64,
+                x.v.as_ptr(),
+                s.v_stride as i64,
+                x.beta_raw.as_ptr(),
+                x.alpha_raw.as_ptr(),
+                s.ab_stride as i64,
+                x.dt_bias[0],
+                x.ssm_a[0],
                 state.as_mut_ptr(),
                 out.as_mut_ptr(),
-                out_stride as i64,
+                s.out_stride as i64,
                 t as i32,
             )
         };
@@ -299,51 +293,39 @@ pub mod safe {
     /// The `delta_rule_chunked_f32` kernel's source run on the host by the SIMT emulator
     /// (`host/simt_emu.h`), with the arguments of [`crate::Gpu::delta_rule_chunked`] as host
     /// slices. `false` when the emulated threads deadlock on their barriers.
-    #[allow(clippy::too_many_arguments)]
     pub fn emu_delta_rule_chunked(
-        q: &[f32],
-        k: &[f32],
-        qk_stride: usize,
-        v: &[f32],
-        v_stride: usize,
-        b: &[f32],
-        al: &[f32],
-        ab_stride: usize,
-        dt_bias: &[f32],
-        ssm_a: &[f32],
+        x: &DeltaRuleInputs<&[f32]>,
+        s: &DeltaRuleShape,
         state: &mut [f32],
         out: &mut [f32],
-        out_stride: usize,
-        n_v_heads: usize,
-        n_k_heads: usize,
-        t: usize,
     ) -> bool {
-        let (nv, d) = (n_v_heads, 128);
-        assert!(t > 0 && nv > 0 && n_k_heads > 0);
+        let (nv, nk, t, d) = (s.n_v_heads, s.n_k_heads, s.t_len, 128);
+        assert!(t > 0 && nv > 0 && nk > 0);
         let t1 = t - 1;
-        assert!(q.len() >= t1 * qk_stride + n_k_heads * d);
-        assert!(k.len() >= t1 * qk_stride + n_k_heads * d);
-        assert!(v.len() >= t1 * v_stride + nv * d && out.len() >= t1 * out_stride + nv * d);
-        assert!(b.len() >= t1 * ab_stride + nv && al.len() >= t1 * ab_stride + nv);
-        assert!(dt_bias.len() >= nv && ssm_a.len() >= nv && state.len() >= nv * d * d);
+        assert!(x.q.len() >= t1 * s.qk_stride + nk * d);
+        assert!(x.k.len() >= t1 * s.qk_stride + nk * d);
+        assert!(x.v.len() >= t1 * s.v_stride + nv * d && out.len() >= t1 * s.out_stride + nv * d);
+        assert!(x.beta_raw.len() >= t1 * s.ab_stride + nv);
+        assert!(x.alpha_raw.len() >= t1 * s.ab_stride + nv);
+        assert!(x.dt_bias.len() >= nv && x.ssm_a.len() >= nv && state.len() >= nv * d * d);
         // SAFETY: every length the kernel reads or writes is checked above.
         unsafe {
             pn_shim_emu_delta_rule_chunked(
-                q.as_ptr(),
-                k.as_ptr(),
-                qk_stride as i64,
-                v.as_ptr(),
-                v_stride as i64,
-                b.as_ptr(),
-                al.as_ptr(),
-                ab_stride as i64,
-                dt_bias.as_ptr(),
-                ssm_a.as_ptr(),
+                x.q.as_ptr(),
+                x.k.as_ptr(),
+                s.qk_stride as i64,
+                x.v.as_ptr(),
+                s.v_stride as i64,
+                x.beta_raw.as_ptr(),
+                x.alpha_raw.as_ptr(),
+                s.ab_stride as i64,
+                x.dt_bias.as_ptr(),
+                x.ssm_a.as_ptr(),
                 state.as_mut_ptr(),
                 out.as_mut_ptr(),
-                out_stride as i64,
+                s.out_stride as i64,
                 nv as i32,
-                n_k_heads as i32,
+                nk as i32,
                 t as i32,
             ) == 0
         }

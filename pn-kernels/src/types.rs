@@ -71,3 +71,44 @@ pub enum PnPrecision {
     /// fp32 products in element order (slower; the reference for `Half2`).
     F32,
 }
+
+/// Strides and sizes of one gated delta-rule call (`kernels/delta_rule.cu`,
+/// `kernels/delta_rule_chunked.cu`): heads of 128 values, strides in floats between tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRuleShape {
+    /// Floats between tokens of `q` and of `k` (each token holds `n_k_heads` rows of 128).
+    pub qk_stride: usize,
+    /// Floats between tokens of `v` (each token holds `n_v_heads` rows of 128).
+    pub v_stride: usize,
+    /// Floats between tokens of `beta_raw` and of `alpha_raw` (`n_v_heads` values per token).
+    pub ab_stride: usize,
+    /// Floats between tokens of the output (`n_v_heads` rows of 128 per token).
+    pub out_stride: usize,
+    /// Value heads (the state is `[n_v_heads][128][128]`).
+    pub n_v_heads: usize,
+    /// Key heads; value head `p` reads key head `p % n_k_heads`.
+    pub n_k_heads: usize,
+    /// Tokens (at least 1).
+    pub t_len: usize,
+}
+
+/// The read-only inputs of a gated delta-rule call, as device views (`B = &CudaView<f32>`) or
+/// host slices (`B = &[f32]`, the host shim's emulator); lengths per [`DeltaRuleShape`].
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaRuleInputs<B> {
+    /// Queries: token `t`, key head `h` at `t*qk_stride + h*128`, 128 floats (L2-normalised).
+    pub q: B,
+    /// Keys, laid out as `q`.
+    pub k: B,
+    /// Values: token `t`, value head `p` at `t*v_stride + p*128`, 128 floats.
+    pub v: B,
+    /// Raw beta (before the sigmoid): token `t`, value head `p` at `t*ab_stride + p`.
+    pub beta_raw: B,
+    /// Raw alpha (before softplus and the decay): laid out as `beta_raw`.
+    pub alpha_raw: B,
+    /// Per value head bias added to alpha (`n_v_heads` floats).
+    pub dt_bias: B,
+    /// Per value head rate A (`n_v_heads` floats): the state decays by
+    /// `exp(softplus(alpha_raw + dt_bias) * ssm_a)` per token.
+    pub ssm_a: B,
+}

@@ -126,17 +126,15 @@ fn q4_row(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (b, dec)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A random case of `(n_head, n_kv, p0, n)`: `n` queries from position `p0`.
 fn case(
     r: &mut StdRng,
-    n_head: usize,
-    n_kv: usize,
-    p0: usize,
-    n: usize,
+    dims: (usize, usize, usize, usize),
     kv: Kv,
     layout: Layout,
     q_amp: f32,
 ) -> Case {
+    let (n_head, n_kv, p0, n) = dims;
     let cap = p0 + n + 3;
     let mut c = Case {
         n_head,
@@ -274,7 +272,7 @@ fn check_emulated(kv: Kv, layout: Layout, shapes: &[(usize, usize, usize, usize)
     let mut r = rng(seed);
     for &(n_head, n_kv, p0, n) in shapes {
         for q_amp in [1.0f32, 8.0] {
-            let c = case(&mut r, n_head, n_kv, p0, n, kv, layout, q_amp);
+            let c = case(&mut r, (n_head, n_kv, p0, n), kv, layout, q_amp);
             let got = emulate(&c);
             let want = reference(&c);
             let e = max_err(&got, &want);
@@ -323,7 +321,7 @@ fn emulated_prefill_q8_0_and_q4_0_caches_match_reference() {
 mod gpu {
     use super::*;
     use pn_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-    use pn_kernels::{Gpu, KvElem, KvLayout};
+    use pn_kernels::{AttnShape, Gpu, KvElem, KvLayout, SplitK};
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -341,75 +339,59 @@ mod gpu {
         s.clone_htod(v).expect("upload")
     }
 
-    /// Output of the tiled kernel (`tiled`) or of the split-K kernels in `chunk`-position
-    /// splits over the case's cache.
+    /// Output of the tiled kernel (`split` None) or of the split-K kernels in `split`-position
+    /// chunks over the case's cache.
     fn run<T: KvElem>(
         g: &Gpu,
         c: &Case,
         kc: &CudaSlice<T>,
         vc: &CudaSlice<T>,
-        tiled: bool,
-        chunk: usize,
+        split: Option<usize>,
     ) -> Vec<f32> {
         let s = g.stream().clone();
         let q = up(&s, &c.q);
         let mut o = s.alloc_zeros::<f32>(c.n * c.n_head * D).expect("alloc");
-        launch(g, c, &q, kc, vc, &mut o, tiled, chunk);
+        launch(g, c, &q, (kc, vc), &mut o, split);
         s.clone_dtoh(&o).expect("download")
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The tiled kernel (`split` None) or split-K in `split`-position chunks, into `o`.
     fn launch<T: KvElem>(
         g: &Gpu,
         c: &Case,
         q: &CudaSlice<f32>,
-        kc: &CudaSlice<T>,
-        vc: &CudaSlice<T>,
+        (kc, vc): (&CudaSlice<T>, &CudaSlice<T>),
         o: &mut CudaSlice<f32>,
-        tiled: bool,
-        chunk: usize,
+        split: Option<usize>,
     ) {
         let kl = KvLayout::token_major::<T>(c.n_kv, c.cap);
         let (qv, kv, vv) = (q.as_view(), kc.as_view(), vc.as_view());
         let mut ov = o.as_view_mut();
-        let (qts, ots) = (c.q_tok_stride(), c.n_head * D);
-        if tiled {
-            g.attention_prefill(
-                &qv,
-                qts,
-                2 * D,
-                &kv,
-                &vv,
-                kl,
-                c.n_head,
-                c.p0,
-                c.n,
-                c.scale,
-                &mut ov,
-                ots,
-            )
-            .expect("tiled launch");
-        } else {
-            let n_split = (c.p0 + c.n).div_ceil(chunk);
-            let need = Gpu::attention_scratch_len(c.n, c.n_head, n_split);
-            let mut scr = g.stream().alloc_zeros::<f32>(need).expect("alloc");
-            g.attention(
-                &qv,
-                qts,
-                2 * D,
-                &kv,
-                &vv,
-                kl,
-                c.n_head,
-                c.p0,
-                c.n,
-                c.scale,
-                chunk,
-                &mut scr.as_view_mut(),
-                &mut ov,
-                ots,
-            )
-            .expect("split-K launch");
+        let sh = AttnShape {
+            kv: kl,
+            n_head: c.n_head,
+            p0: c.p0,
+            t_len: c.n,
+            scale: c.scale,
+            q_tok_stride: c.q_tok_stride(),
+            q_head_stride: 2 * D,
+            o_tok_stride: c.n_head * D,
+        };
+        match split {
+            None => g
+                .attention_prefill(&sh, &qv, &kv, &vv, &mut ov)
+                .expect("tiled launch"),
+            Some(chunk) => {
+                let n_split = (c.p0 + c.n).div_ceil(chunk);
+                let need = Gpu::attention_scratch_len(c.n, c.n_head, n_split);
+                let mut scr = g.stream().alloc_zeros::<f32>(need).expect("alloc");
+                let split = SplitK {
+                    chunk,
+                    scratch: &mut scr.as_view_mut(),
+                };
+                g.attention(&sh, &qv, &kv, &vv, &mut ov, split)
+                    .expect("split-K launch");
+            }
         }
     }
 
@@ -425,18 +407,18 @@ mod gpu {
         let mut r = rng(81);
         for (kv, p0, n) in [(Kv::F16, 0, 512), (Kv::F32, 300, 512), (Kv::F16, 77, 2048)] {
             // 24 query heads over 4 kv heads (the 27B model's grouping).
-            let c = case(&mut r, 24, 4, p0, n, kv, Layout::TokenMajor, 4.0);
+            let c = case(&mut r, (24, 4, p0, n), kv, Layout::TokenMajor, 4.0);
             let (tiled, split) = if kv == Kv::F16 {
                 let (kc, vc) = (up(&s, &f16s(&c.k16)), up(&s, &f16s(&c.v16)));
                 (
-                    run(&g, &c, &kc, &vc, true, 0),
-                    run(&g, &c, &kc, &vc, false, 256),
+                    run(&g, &c, &kc, &vc, None),
+                    run(&g, &c, &kc, &vc, Some(256)),
                 )
             } else {
                 let (kc, vc) = (up(&s, &c.k32), up(&s, &c.v32));
                 (
-                    run(&g, &c, &kc, &vc, true, 0),
-                    run(&g, &c, &kc, &vc, false, 256),
+                    run(&g, &c, &kc, &vc, None),
+                    run(&g, &c, &kc, &vc, Some(256)),
                 )
             };
             let want = reference(&c);
@@ -462,27 +444,26 @@ mod gpu {
         // One full-attention layer of the 27B model: 24 query heads, 4 kv heads, f16 cache,
         // a 4096-token prompt.
         let n = 4096;
-        let c = case(&mut r, 24, 4, 0, n, Kv::F16, Layout::TokenMajor, 1.0);
+        let c = case(&mut r, (24, 4, 0, n), Kv::F16, Layout::TokenMajor, 1.0);
         let (kc, vc) = (up(&s, &f16s(&c.k16)), up(&s, &f16s(&c.v16)));
         let q = up(&s, &c.q);
         let mut o = s.alloc_zeros::<f32>(n * c.n_head * D).expect("alloc");
         let mut outs = Vec::new();
         // Split-K with one split per query (the runtime's choice once its scratch bound caps
         // the splits of a long prefill chunk) and with its 256-position splits.
-        for (tiled, chunk) in [(true, 0), (false, n), (false, 256)] {
-            launch(&g, &c, &q, &kc, &vc, &mut o, tiled, chunk);
+        for split in [None, Some(n), Some(256)] {
+            launch(&g, &c, &q, (&kc, &vc), &mut o, split);
             s.synchronize().expect("sync");
             let reps = 3;
             let t0 = Instant::now();
             for _ in 0..reps {
-                launch(&g, &c, &q, &kc, &vc, &mut o, tiled, chunk);
+                launch(&g, &c, &q, (&kc, &vc), &mut o, split);
             }
             s.synchronize().expect("sync");
             let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
-            let name = if tiled {
-                "tiled".to_string()
-            } else {
-                format!("split-K chunk {chunk}")
+            let name = match split {
+                None => "tiled".to_string(),
+                Some(chunk) => format!("split-K chunk {chunk}"),
             };
             eprintln!("attention prefill {name}: {n} tokens x 24 heads in {ms:.2} ms");
             outs.push(s.clone_dtoh(&o).expect("download"));

@@ -12,6 +12,7 @@ mod common;
 
 use common::{random_vec, rng};
 use pn_kernels::host_shim::safe as shim;
+use pn_kernels::{DeltaRuleInputs, DeltaRuleShape};
 use qwen_model::cpu::kernels::{
     gdn_chunk_scratch_len, gdn_chunked_heads, gdn_gates, gdn_recurrent_heads, sigmoid, softplus,
 };
@@ -173,29 +174,48 @@ fn cpu(c: &Case, chunked: bool) -> (Vec<f32>, Vec<f32>) {
     (out, state)
 }
 
+/// The kernels' strides and sizes for a case: q, k and v inside one conv-output row per token,
+/// one raw beta/alpha per value head per token, value-dim output rows.
+fn shape(c: &Case) -> DeltaRuleShape {
+    let d = &c.dims;
+    DeltaRuleShape {
+        qk_stride: d.conv_dim(),
+        v_stride: d.conv_dim(),
+        ab_stride: d.n_v_heads,
+        out_stride: d.value_dim(),
+        n_v_heads: d.n_v_heads,
+        n_k_heads: d.n_k_heads,
+        t_len: c.n,
+    }
+}
+
 /// (outputs, final state) of the header's chunked algorithm run on the host, head by head.
 fn host_chunked(c: &Case) -> (Vec<f32>, Vec<f32>) {
     let d = &c.dims;
-    let (cd, kd, nv) = (d.conv_dim(), d.n_k_heads * D, d.n_v_heads);
+    let (kd, nv) = (d.n_k_heads * D, d.n_v_heads);
     let mut state = c.s0.clone();
     let mut out = vec![0f32; c.n * d.value_dim()];
     for p in 0..nv {
         let kh = p % d.n_k_heads;
+        let x = DeltaRuleInputs {
+            q: &c.y[kh * D..],
+            k: &c.y[kd + kh * D..],
+            v: &c.y[2 * kd + p * D..],
+            beta_raw: &c.b[p..],
+            alpha_raw: &c.alpha[p..],
+            dt_bias: &c.dt_bias[p..=p],
+            ssm_a: &c.a[p..=p],
+        };
+        let sh = DeltaRuleShape {
+            n_v_heads: 1,
+            n_k_heads: 1,
+            ..shape(c)
+        };
         shim::gdn_chunked_head(
-            &c.y[kh * D..],
-            &c.y[kd + kh * D..],
-            cd,
-            &c.y[2 * kd + p * D..],
-            cd,
-            &c.b[p..],
-            &c.alpha[p..],
-            nv,
-            c.dt_bias[p],
-            c.a[p],
+            &x,
+            &sh,
             &mut state[p * D * D..(p + 1) * D * D],
             &mut out[p * D..],
-            d.value_dim(),
-            c.n,
         );
     }
     (out, state)
@@ -388,27 +408,19 @@ fn host_chunked_carries_state_across_calls() {
 /// (outputs, final state) of the kernel's own source run on the host by the SIMT emulator.
 fn emulated_kernel(c: &Case) -> (Vec<f32>, Vec<f32>) {
     let d = &c.dims;
-    let (cd, kd) = (d.conv_dim(), d.n_k_heads * D);
+    let kd = d.n_k_heads * D;
     let mut state = c.s0.clone();
     let mut out = vec![0f32; c.n * d.value_dim()];
-    let ok = shim::emu_delta_rule_chunked(
-        &c.y,
-        &c.y[kd..],
-        cd,
-        &c.y[2 * kd..],
-        cd,
-        &c.b,
-        &c.alpha,
-        d.n_v_heads,
-        &c.dt_bias,
-        &c.a,
-        &mut state,
-        &mut out,
-        d.value_dim(),
-        d.n_v_heads,
-        d.n_k_heads,
-        c.n,
-    );
+    let x = DeltaRuleInputs {
+        q: &c.y[..],
+        k: &c.y[kd..],
+        v: &c.y[2 * kd..],
+        beta_raw: &c.b[..],
+        alpha_raw: &c.alpha[..],
+        dt_bias: &c.dt_bias[..],
+        ssm_a: &c.a[..],
+    };
+    let ok = shim::emu_delta_rule_chunked(&x, &shape(c), &mut state, &mut out);
     assert!(
         ok,
         "the emulated kernel's threads deadlocked on their barriers"
@@ -497,7 +509,7 @@ mod gpu {
         out: &mut CudaSlice<f32>,
     ) {
         let d = &c.dims;
-        let (cd, kd, nv, n) = (d.conv_dim(), d.n_k_heads * D, d.n_v_heads, c.n);
+        let (cd, kd, n) = (d.conv_dim(), d.n_k_heads * D, c.n);
         let qv = dv.y.slice(0..(n - 1) * cd + kd);
         let kv = dv.y.slice(kd..kd + (n - 1) * cd + kd);
         let vv = dv.y.slice(2 * kd..2 * kd + (n - 1) * cd + d.value_dim());
@@ -508,15 +520,20 @@ mod gpu {
             dv.a.as_view(),
         );
         let (mut sv, mut ov) = (state.as_view_mut(), out.as_view_mut());
-        let (vd, nk) = (d.value_dim(), d.n_k_heads);
+        let x = DeltaRuleInputs {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            beta_raw: &bv,
+            alpha_raw: &av,
+            dt_bias: &dtv,
+            ssm_a: &sav,
+        };
+        let sh = shape(c);
         if chunked {
-            g.delta_rule_chunked(
-                &qv, &kv, cd, &vv, cd, &bv, &av, nv, &dtv, &sav, &mut sv, &mut ov, vd, nv, nk, n,
-            )
+            g.delta_rule_chunked(&x, &sh, &mut sv, &mut ov)
         } else {
-            g.delta_rule(
-                &qv, &kv, cd, &vv, cd, &bv, &av, nv, &dtv, &sav, &mut sv, &mut ov, vd, nv, nk, n,
-            )
+            g.delta_rule(&x, &sh, &mut sv, &mut ov)
         }
         .expect("launch");
     }

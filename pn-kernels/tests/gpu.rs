@@ -11,8 +11,11 @@ mod common;
 use common::*;
 use gguf_io::{quants, GgmlType};
 use half::f16;
-use pn_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use pn_kernels::{Gpu, KvLayout, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, WeightType};
+use pn_kernels::cudarc::driver::{CudaSlice, CudaStream, ValidAsZeroBits};
+use pn_kernels::{
+    AttnShape, DeltaRuleInputs, DeltaRuleShape, Gpu, KvElem, KvLayout, KvStoreRows, MatrixShape,
+    NormShape, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, RowStrides, SplitK, WeightType,
+};
 use rand::Rng;
 use std::sync::Arc;
 
@@ -149,16 +152,9 @@ fn pn_gemv_matches_f64_reference() {
         let (dw, dx) = (up(&s, &w), up(&s, &x));
         for (prec, tol) in [(PnPrecision::F32, 1e-5), (PnPrecision::Half2, 2e-3)] {
             let mut dy = zeros(&s, n);
-            g.pn_gemv(
-                ty,
-                prec,
-                &dw.as_view(),
-                &dx.as_view(),
-                &mut dy.as_view_mut(),
-                n,
-                k,
-            )
-            .unwrap();
+            let m = MatrixShape { ty, n, k };
+            g.pn_gemv(m, prec, &dw.as_view(), &dx.as_view(), &mut dy.as_view_mut())
+                .unwrap();
             let got = down(&s, &dy);
             assert_close(
                 &format!("{} {prec:?} {n}x{k}", ty.name()),
@@ -180,13 +176,11 @@ fn pn_gemv_matches_f64_reference() {
                 .unwrap();
                 let mut dy2 = zeros(&s, n);
                 g.pn_gemv_prepared(
-                    ty,
+                    m,
                     &dw.as_view(),
                     &xh.as_view(),
                     &de.as_view(),
                     &mut dy2.as_view_mut(),
-                    n,
-                    k,
                 )
                 .unwrap();
                 assert_eq!(down(&s, &dy2), got, "prepared vs self-staged");
@@ -228,15 +222,9 @@ fn stock_gemv_matches_f64_reference() {
         let (want, scale) = matvec_ref(&dequant(ty, &w, n, k), &x, n, k);
         let (dw, dx) = (up(&s, &w), up(&s, &x));
         let mut dy = zeros(&s, n);
-        g.gemv(
-            ty,
-            &dw.as_view(),
-            &dx.as_view(),
-            &mut dy.as_view_mut(),
-            n,
-            k,
-        )
-        .unwrap();
+        let m = MatrixShape { ty, n, k };
+        g.gemv(m, &dw.as_view(), &dx.as_view(), &mut dy.as_view_mut())
+            .unwrap();
         assert_close(
             &format!("{} gemv {n}x{k}", ty.name()),
             &down(&s, &dy),
@@ -265,14 +253,13 @@ fn get_rows_is_bit_exact() {
         let ids: Vec<i32> = (0..7).map(|_| r.random_range(0..n_rows as i32)).collect();
         let (dw, di) = (up(&s, &w), up(&s, &ids));
         let mut out = zeros(&s, ids.len() * k);
+        let m = MatrixShape { ty, n: n_rows, k };
         g.get_rows(
-            ty,
+            m,
             &dw.as_view(),
             &di.as_view(),
             &ids,
             &mut out.as_view_mut(),
-            k,
-            n_rows,
         )
         .unwrap();
         let got = down(&s, &out);
@@ -290,13 +277,11 @@ fn get_rows_is_bit_exact() {
         let dbad = up(&s, &bad);
         assert!(g
             .get_rows(
-                ty,
+                m,
                 &dw.as_view(),
                 &dbad.as_view(),
                 &bad,
-                &mut out.as_view_mut(),
-                k,
-                n_rows
+                &mut out.as_view_mut()
             )
             .is_err());
     }
@@ -329,18 +314,14 @@ fn matmul_matches_f64_reference() {
         }
         let (dw, dx) = (up(&s, &w), up(&s, &x));
         let mut dy = zeros(&s, t * n);
-        g.matmul(
-            ty,
-            &dw.as_view(),
-            &dx.as_view(),
-            k,
-            &mut dy.as_view_mut(),
-            n,
-            n,
-            k,
-            t,
-        )
-        .unwrap();
+        let rows = RowStrides {
+            rows: t,
+            x_stride: k,
+            y_stride: n,
+        };
+        let m = MatrixShape { ty, n, k };
+        g.matmul(m, &dw.as_view(), &dx.as_view(), &mut dy.as_view_mut(), rows)
+            .unwrap();
         assert_close(
             &format!("{} matmul {t}x{n}x{k}", ty.name()),
             &down(&s, &dy),
@@ -361,10 +342,8 @@ fn hadamard_matches_pn_format() {
         let x = random_vec(&mut r, len, 2.0);
         let mut want = x.clone();
         pn_format::fwht_blocks_inplace(&mut want, rb).unwrap();
-        let dx = up(&s, &x);
-        let mut dy = zeros(&s, len);
-        g.hadamard(&dx.as_view(), &mut dy.as_view_mut(), len, rb)
-            .unwrap();
+        let mut dy = up(&s, &x);
+        g.hadamard_inplace(&mut dy.as_view_mut(), len, rb).unwrap();
         let norm = (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / len as f64).sqrt();
         let want64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
         assert_close(
@@ -428,72 +407,31 @@ fn norms_match_reference() {
         tok_stride: 12 * n,
         head_stride: n,
     };
+    let norm = NormShape { n, eps: 1e-6 };
     g.rms_norm(
         &dx.as_view(),
         xl,
         &mut dy.as_view_mut(),
         yl,
         Some(&dw.as_view()),
-        n,
-        1e-6,
+        norm,
     )
     .unwrap();
+    let rms_out = down(&s, &dy);
     let scale: Vec<f64> = want.iter().map(|v| v.abs().max(1e-3)).collect();
-    assert_close("rms_norm", &down(&s, &dy), &want, &scale, 1e-5);
-    g.gated_rms_norm(
-        &dx.as_view(),
-        xl,
-        &dz.as_view(),
-        yl,
-        &mut dy.as_view_mut(),
-        yl,
-        &dw.as_view(),
-        n,
-        1e-6,
-    )
-    .unwrap();
-    let scale: Vec<f64> = want_g.iter().map(|v| v.abs().max(1e-3)).collect();
-    assert_close("gated_rms_norm", &down(&s, &dy), &want_g, &scale, 1e-5);
-    g.l2_norm(&dx.as_view(), xl, &mut dy.as_view_mut(), yl, n, 1e-6, 0.125)
-        .unwrap();
-    let scale: Vec<f64> = want_l2.iter().map(|v| v.abs().max(1e-4)).collect();
-    assert_close("l2_norm", &down(&s, &dy), &want_l2, &scale, 1e-5);
-    let l2_out = down(&s, &dy);
-    // In-place variants give the same bits as the out-of-place kernels.
-    let mut dxi = up(&s, &x);
-    g.l2_norm_inplace(&mut dxi.as_view_mut(), xl, n, 1e-6, 0.125)
-        .unwrap();
-    let xi = down(&s, &dxi);
-    for t in 0..2 {
-        for h in 0..12 {
-            let (a, b) = (t * 12 * stride + h * stride, (t * 12 + h) * n);
-            assert_eq!(
-                &xi[a..a + n],
-                &l2_out[b..b + n],
-                "l2_norm_inplace row {t}/{h}"
-            );
+    assert_close("rms_norm", &rms_out, &want, &scale, 1e-5);
+    // The in-place kernels write their rows where `xl` puts them; gathered into `yl`'s
+    // contiguous order they compare with the references (and the out-of-place rms_norm).
+    let gather = |xi: &[f32]| -> Vec<f32> {
+        let mut out = vec![0f32; rows * n];
+        for t in 0..2 {
+            for h in 0..12 {
+                let (a, b) = (t * 12 * stride + h * stride, (t * 12 + h) * n);
+                out[b..b + n].copy_from_slice(&xi[a..a + n]);
+            }
         }
-    }
-    let mut dxi = up(&s, &x);
-    g.rms_norm_inplace(&mut dxi.as_view_mut(), xl, Some(&dw.as_view()), n, 1e-6)
-        .unwrap();
-    g.rms_norm(
-        &dx.as_view(),
-        xl,
-        &mut dy.as_view_mut(),
-        yl,
-        Some(&dw.as_view()),
-        n,
-        1e-6,
-    )
-    .unwrap();
-    let (xi, yo) = (down(&s, &dxi), down(&s, &dy));
-    for t in 0..2 {
-        for h in 0..12 {
-            let (a, b) = (t * 12 * stride + h * stride, (t * 12 + h) * n);
-            assert_eq!(&xi[a..a + n], &yo[b..b + n], "rms_norm_inplace row {t}/{h}");
-        }
-    }
+        out
+    };
     let mut dxi = up(&s, &x);
     g.gated_rms_norm_inplace(
         &mut dxi.as_view_mut(),
@@ -501,33 +439,33 @@ fn norms_match_reference() {
         &dz.as_view(),
         yl,
         &dw.as_view(),
-        n,
-        1e-6,
+        norm,
     )
     .unwrap();
-    g.gated_rms_norm(
-        &dx.as_view(),
-        xl,
-        &dz.as_view(),
-        yl,
-        &mut dy.as_view_mut(),
-        yl,
-        &dw.as_view(),
-        n,
-        1e-6,
-    )
-    .unwrap();
-    let (xi, yo) = (down(&s, &dxi), down(&s, &dy));
-    for t in 0..2 {
-        for h in 0..12 {
-            let (a, b) = (t * 12 * stride + h * stride, (t * 12 + h) * n);
-            assert_eq!(
-                &xi[a..a + n],
-                &yo[b..b + n],
-                "gated_rms_norm_inplace row {t}/{h}"
-            );
-        }
-    }
+    let scale: Vec<f64> = want_g.iter().map(|v| v.abs().max(1e-3)).collect();
+    assert_close(
+        "gated_rms_norm_inplace",
+        &gather(&down(&s, &dxi)),
+        &want_g,
+        &scale,
+        1e-5,
+    );
+    let mut dxi = up(&s, &x);
+    g.l2_norm_inplace(&mut dxi.as_view_mut(), xl, norm, 0.125)
+        .unwrap();
+    let scale: Vec<f64> = want_l2.iter().map(|v| v.abs().max(1e-4)).collect();
+    assert_close(
+        "l2_norm_inplace",
+        &gather(&down(&s, &dxi)),
+        &want_l2,
+        &scale,
+        1e-5,
+    );
+    // In place gives the same bits as out of place.
+    let mut dxi = up(&s, &x);
+    g.rms_norm_inplace(&mut dxi.as_view_mut(), xl, Some(&dw.as_view()), norm)
+        .unwrap();
+    assert_eq!(gather(&down(&s, &dxi)), rms_out, "rms_norm_inplace");
 }
 
 #[test]
@@ -589,18 +527,11 @@ fn rope_matches_reference() {
     assert_close("rope", &got, &want, &vec![4.0; want.len()], 1e-6);
 }
 
-/// CPU attention over f16-rounded K/V, f64 softmax.
-#[allow(clippy::too_many_arguments)]
-fn attention_ref(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n_head: usize,
-    n_kv: usize,
-    p0: usize,
-    t: usize,
-    scale: f64,
-) -> Vec<f64> {
+/// CPU attention of shape `sh` (its `kv.n_kv`, `n_head`, `p0`, `t_len`, `scale`) over K/V
+/// `[pos][n_kv][256]`, f64 softmax.
+fn attention_ref(q: &[f32], k: &[f32], v: &[f32], sh: &AttnShape) -> Vec<f64> {
+    let (n_head, n_kv, p0, t) = (sh.n_head, sh.kv.n_kv, sh.p0, sh.t_len);
+    let scale = sh.scale as f64;
     let d = 256;
     let group = n_head / n_kv;
     let mut out = vec![0f64; t * n_head * d];
@@ -631,6 +562,76 @@ fn attention_ref(
     out
 }
 
+/// Fresh caches laid out as `kv` holding `n_ctx` tokens of K/V (f32 `[pos][n_kv][256]`).
+fn store_kv<T: KvElem + ValidAsZeroBits>(
+    g: &Gpu,
+    kv: KvLayout,
+    dk: &CudaSlice<f32>,
+    dv: &CudaSlice<f32>,
+    n_ctx: usize,
+) -> (CudaSlice<T>, CudaSlice<T>) {
+    let s = g.stream();
+    let mut kc = s.alloc_zeros::<T>(kv.min_len()).unwrap();
+    let mut vc = s.alloc_zeros::<T>(kv.min_len()).unwrap();
+    let rows = KvStoreRows {
+        tok_stride: kv.n_kv * 256,
+        p0: 0,
+        t_len: n_ctx,
+    };
+    g.kv_store(
+        &dk.as_view(),
+        &dv.as_view(),
+        &mut kc.as_view_mut(),
+        &mut vc.as_view_mut(),
+        kv,
+        rows,
+    )
+    .unwrap();
+    (kc, vc)
+}
+
+/// Split-K attention of shape `sh` in chunks of `chunk` over the caches; the output on the host.
+fn attend<T: KvElem>(
+    g: &Gpu,
+    sh: &AttnShape,
+    dq: &CudaSlice<f32>,
+    (kc, vc): (&CudaSlice<T>, &CudaSlice<T>),
+    chunk: usize,
+) -> Vec<f32> {
+    let s = g.stream();
+    let n_split = (sh.p0 + sh.t_len).div_ceil(chunk);
+    let mut scratch = zeros(s, Gpu::attention_scratch_len(sh.t_len, sh.n_head, n_split));
+    let mut o = zeros(s, sh.t_len * sh.n_head * 256);
+    let split = SplitK {
+        chunk,
+        scratch: &mut scratch.as_view_mut(),
+    };
+    g.attention(
+        sh,
+        &dq.as_view(),
+        &kc.as_view(),
+        &vc.as_view(),
+        &mut o.as_view_mut(),
+        split,
+    )
+    .unwrap();
+    down(s, &o)
+}
+
+/// Decode-style geometry: q and o `[t][n_head][256]` contiguous, score scale 1/16.
+fn contiguous_attn(kv: KvLayout, n_head: usize, p0: usize, t_len: usize) -> AttnShape {
+    AttnShape {
+        kv,
+        n_head,
+        p0,
+        t_len,
+        scale: 1.0 / 16.0,
+        q_tok_stride: n_head * 256,
+        q_head_stride: 256,
+        o_tok_stride: n_head * 256,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_decode_and_prefill_match_reference() {
@@ -656,86 +657,25 @@ fn attention_decode_and_prefill_match_reference() {
             .map(|v| f16::from_f32(*v).to_f32())
             .collect();
         let q = random_vec(&mut r, t * n_head * d, 2.0);
-        let want = attention_ref(&q, &kf, &vf, n_head, n_kv, p0, t, 1.0 / 16.0);
-        let mut kc = s.alloc_zeros::<f16>(n_kv * cap * d).unwrap();
-        let mut vc = s.alloc_zeros::<f16>(n_kv * cap * d).unwrap();
-        let (dk, dv) = (up(&s, &kf), up(&s, &vf));
         let kv16 = KvLayout::head_major::<f16>(n_kv, cap);
-        g.kv_store(
-            &dk.as_view(),
-            &dv.as_view(),
-            n_kv * d,
-            &mut kc.as_view_mut(),
-            &mut vc.as_view_mut(),
-            kv16,
-            0,
-            n_ctx,
-        )
-        .unwrap();
-        let dq = up(&s, &q);
-        let n_split = n_ctx.div_ceil(chunk);
-        let mut scratch = zeros(&s, Gpu::attention_scratch_len(t, n_head, n_split));
-        let mut o = zeros(&s, t * n_head * d);
-        g.attention(
-            &dq.as_view(),
-            n_head * d,
-            d,
-            &kc.as_view(),
-            &vc.as_view(),
-            kv16,
-            n_head,
-            p0,
-            t,
-            1.0 / 16.0,
-            chunk,
-            &mut scratch.as_view_mut(),
-            &mut o.as_view_mut(),
-            n_head * d,
-        )
-        .unwrap();
+        let sh = contiguous_attn(kv16, n_head, p0, t);
+        let want = attention_ref(&q, &kf, &vf, &sh);
+        let (dk, dv, dq) = (up(&s, &kf), up(&s, &vf), up(&s, &q));
+        let (kc, vc) = store_kv::<f16>(&g, kv16, &dk, &dv, n_ctx);
         assert_close(
             &format!("attention f16 KV p0 {p0} t {t} chunk {chunk}"),
-            &down(&s, &o),
+            &attend(&g, &sh, &dq, (&kc, &vc), chunk),
             &want,
             &vec![1.0; want.len()],
             2e-5,
         );
         // The same through token-major f32 caches (the CPU backend's layout; values f16-exact).
         let kv32 = KvLayout::token_major::<f32>(n_kv, cap);
-        let mut kc32 = zeros(&s, kv32.min_len());
-        let mut vc32 = zeros(&s, kv32.min_len());
-        g.kv_store(
-            &dk.as_view(),
-            &dv.as_view(),
-            n_kv * d,
-            &mut kc32.as_view_mut(),
-            &mut vc32.as_view_mut(),
-            kv32,
-            0,
-            n_ctx,
-        )
-        .unwrap();
-        let mut o32 = zeros(&s, t * n_head * d);
-        g.attention(
-            &dq.as_view(),
-            n_head * d,
-            d,
-            &kc32.as_view(),
-            &vc32.as_view(),
-            kv32,
-            n_head,
-            p0,
-            t,
-            1.0 / 16.0,
-            chunk,
-            &mut scratch.as_view_mut(),
-            &mut o32.as_view_mut(),
-            n_head * d,
-        )
-        .unwrap();
+        let (kc32, vc32) = store_kv::<f32>(&g, kv32, &dk, &dv, n_ctx);
+        let sh32 = AttnShape { kv: kv32, ..sh };
         assert_close(
             &format!("attention f32 KV p0 {p0} t {t} chunk {chunk}"),
-            &down(&s, &o32),
+            &attend(&g, &sh32, &dq, (&kc32, &vc32), chunk),
             &want,
             &vec![1.0; want.len()],
             2e-5,
@@ -771,13 +711,11 @@ fn conv1d_and_delta_rule_match_reference() {
     let mut dy = zeros(&s, t * c);
     g.conv1d_silu(
         &du.as_view(),
-        c,
         &mut dst.as_view_mut(),
         &dw.as_view(),
         &mut dy.as_view_mut(),
+        RowStrides::contiguous(t, c),
         c,
-        c,
-        t,
     )
     .unwrap();
     assert_close(
@@ -845,25 +783,35 @@ fn conv1d_and_delta_rule_match_reference() {
     );
     let mut dstate = up(&s, &s0);
     let mut dout = zeros(&s, t * nv * d);
-    g.delta_rule(
-        &dq.as_view(),
-        &dk.as_view(),
-        nk * d,
-        &dv.as_view(),
-        nv * d,
-        &db.as_view(),
-        &dal.as_view(),
-        nv,
-        &ddt.as_view(),
-        &da.as_view(),
-        &mut dstate.as_view_mut(),
-        &mut dout.as_view_mut(),
-        nv * d,
-        nv,
-        nk,
-        t,
-    )
-    .unwrap();
+    let (dq, dk, dv, db, dal, ddt, da) = (
+        dq.as_view(),
+        dk.as_view(),
+        dv.as_view(),
+        db.as_view(),
+        dal.as_view(),
+        ddt.as_view(),
+        da.as_view(),
+    );
+    let x = DeltaRuleInputs {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        beta_raw: &db,
+        alpha_raw: &dal,
+        dt_bias: &ddt,
+        ssm_a: &da,
+    };
+    let sh = DeltaRuleShape {
+        qk_stride: nk * d,
+        v_stride: nv * d,
+        ab_stride: nv,
+        out_stride: nv * d,
+        n_v_heads: nv,
+        n_k_heads: nk,
+        t_len: t,
+    };
+    g.delta_rule(&x, &sh, &mut dstate.as_view_mut(), &mut dout.as_view_mut())
+        .unwrap();
     assert_close(
         "delta_rule out",
         &down(&s, &dout),
@@ -882,7 +830,7 @@ fn conv1d_and_delta_rule_match_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn elementwise_and_sampling_match_reference() {
+fn elementwise_ops_match_reference() {
     let Some(g) = gpu() else { return };
     let s = g.stream().clone();
     let mut r = rng(19);
@@ -903,16 +851,14 @@ fn elementwise_and_sampling_match_reference() {
     let mut dx = up(&s, &x);
     let dg = up(&s, &gate);
     // 2 tokens x 12 heads; the gate of head h sits at t*6144 + h*512 (after q in q+gate).
-    g.sigmoid_gate(
-        &mut dx.as_view_mut(),
-        &dg.as_view(),
-        2,
-        12,
-        256,
-        12 * 512,
-        512,
-    )
-    .unwrap();
+    let gl = RowLayout {
+        tokens: 2,
+        heads: 12,
+        tok_stride: 12 * 512,
+        head_stride: 512,
+    };
+    g.sigmoid_gate(&mut dx.as_view_mut(), &dg.as_view(), gl, 256)
+        .unwrap();
     let want: Vec<f64> = (0..24 * 256)
         .map(|i| x[i] as f64 / (1.0 + (-(gate[(i / 256) * 512 + i % 256] as f64)).exp()))
         .collect();
@@ -924,34 +870,6 @@ fn elementwise_and_sampling_match_reference() {
         .unwrap();
     let got = down(&s, &dacc);
     (0..n).for_each(|i| assert_eq!(got[i], a[i] + b[i]));
-
-    // argmax with a tie: the lower index wins.
-    let mut logits = random_vec(&mut r, 248_320, 10.0);
-    logits[200_000] = 50.0;
-    logits[123_456] = 50.0;
-    let dl = up(&s, &logits);
-    let mut di = s.alloc_zeros::<i32>(1).unwrap();
-    g.argmax(&dl.as_view(), logits.len(), &mut di.as_view_mut())
-        .unwrap();
-    assert_eq!(down(&s, &di)[0], 123_456);
-
-    let mut dp = zeros(&s, logits.len());
-    g.softmax(&dl.as_view(), &mut dp.as_view_mut(), logits.len(), 0.7)
-        .unwrap();
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let e: Vec<f64> = logits
-        .iter()
-        .map(|v| ((*v as f64 - m) / 0.7).exp())
-        .collect();
-    let z: f64 = e.iter().sum();
-    let want: Vec<f64> = e.iter().map(|v| v / z).collect();
-    assert_close(
-        "softmax",
-        &down(&s, &dp),
-        &want,
-        &vec![1.0; want.len()],
-        1e-6,
-    );
 }
 
 #[test]
@@ -965,35 +883,41 @@ fn wrappers_reject_bad_shapes() {
     // k not a multiple of 80, weight too short, wrong type.
     assert!(g
         .pn_gemv(
-            WeightType::Pn3t,
+            MatrixShape {
+                ty: WeightType::Pn3t,
+                n: 1,
+                k: 100,
+            },
             PnPrecision::Half2,
             &w.as_view(),
             &x.as_view(),
             &mut y.as_view_mut(),
-            1,
-            100
         )
         .is_err());
     assert!(g
         .pn_gemv(
-            WeightType::Pn3t,
+            MatrixShape {
+                ty: WeightType::Pn3t,
+                n: 2,
+                k: 320,
+            },
             PnPrecision::Half2,
             &w.as_view(),
             &x.as_view(),
             &mut y.as_view_mut(),
-            2,
-            320
         )
         .is_err());
     assert!(g
         .pn_gemv(
-            WeightType::Q4K,
+            MatrixShape {
+                ty: WeightType::Q4K,
+                n: 1,
+                k: 256,
+            },
             PnPrecision::Half2,
             &w.as_view(),
             &x.as_view(),
             &mut y.as_view_mut(),
-            1,
-            256
         )
         .is_err());
 }
@@ -1010,15 +934,13 @@ fn fused_hadamard_producers_match_their_composition() {
     let w = random_vec(&mut r, n, 2.0);
     let (dx, dw) = (up(&s, &x), up(&s, &w));
     let mut fused = zeros(&s, rows * n);
+    let norm = NormShape { n, eps: 1e-6 };
     g.rms_norm_hadamard(
         &dx.as_view(),
-        n,
         &mut fused.as_view_mut(),
-        n,
         &dw.as_view(),
-        n,
-        rows,
-        1e-6,
+        RowStrides::contiguous(rows, n),
+        norm,
         rb,
     )
     .unwrap();
@@ -1030,8 +952,7 @@ fn fused_hadamard_producers_match_their_composition() {
         &mut normed.as_view_mut(),
         l,
         Some(&dw.as_view()),
-        n,
-        1e-6,
+        norm,
     )
     .unwrap();
     g.hadamard_inplace(&mut normed.as_view_mut(), rows * n, rb)
@@ -1081,20 +1002,8 @@ fn q8_0_kv_cache_matches_gguf_io_and_reference_attention() {
     let vf = random_vec(&mut r, n_ctx * n_kv * d, 1.5);
     let q = random_vec(&mut r, t * n_head * d, 2.0);
     let kv = KvLayout::token_major::<Q8KvByte>(n_kv, cap);
-    let mut kc = s.alloc_zeros::<Q8KvByte>(kv.min_len()).unwrap();
-    let mut vc = s.alloc_zeros::<Q8KvByte>(kv.min_len()).unwrap();
     let (dk, dv, dq) = (up(&s, &kf), up(&s, &vf), up(&s, &q));
-    g.kv_store(
-        &dk.as_view(),
-        &dv.as_view(),
-        n_kv * d,
-        &mut kc.as_view_mut(),
-        &mut vc.as_view_mut(),
-        kv,
-        0,
-        n_ctx,
-    )
-    .unwrap();
+    let (kc, vc) = store_kv::<Q8KvByte>(&g, kv, &dk, &dv, n_ctx);
     // The stored rows are exactly gguf-io's Q8_0 quantization of each 256-value row.
     let kbytes: Vec<u8> = down(&s, &kc).iter().map(|b| b.0).collect();
     let mut want_k = Vec::new();
@@ -1108,37 +1017,10 @@ fn q8_0_kv_cache_matches_gguf_io_and_reference_attention() {
         quants::dequantize_row(GgmlType::Q8_0, &b, &mut out).unwrap();
         out
     };
-    let want = attention_ref(&q, &deq(&kf), &deq(&vf), n_head, n_kv, p0, t, 1.0 / 16.0);
-    let chunk = 128;
-    let mut scratch = zeros(
-        &s,
-        Gpu::attention_scratch_len(t, n_head, n_ctx.div_ceil(chunk)),
-    );
-    let mut o = zeros(&s, t * n_head * d);
-    g.attention(
-        &dq.as_view(),
-        n_head * d,
-        d,
-        &kc.as_view(),
-        &vc.as_view(),
-        kv,
-        n_head,
-        p0,
-        t,
-        1.0 / 16.0,
-        chunk,
-        &mut scratch.as_view_mut(),
-        &mut o.as_view_mut(),
-        n_head * d,
-    )
-    .unwrap();
-    assert_close(
-        "attention q8_0 KV",
-        &down(&s, &o),
-        &want,
-        &vec![1.0; want.len()],
-        2e-5,
-    );
+    let sh = contiguous_attn(kv, n_head, p0, t);
+    let want = attention_ref(&q, &deq(&kf), &deq(&vf), &sh);
+    let o = attend(&g, &sh, &dq, (&kc, &vc), 128);
+    assert_close("attention q8_0 KV", &o, &want, &vec![1.0; want.len()], 2e-5);
 }
 
 #[test]
@@ -1162,20 +1044,8 @@ fn q4_0_kv_cache_matches_host_shim_and_reference_attention() {
     }
     let q = random_vec(&mut r, t * n_head * d, 2.0);
     let kv = KvLayout::token_major::<Q4KvByte>(n_kv, cap);
-    let mut kc = s.alloc_zeros::<Q4KvByte>(kv.min_len()).unwrap();
-    let mut vc = s.alloc_zeros::<Q4KvByte>(kv.min_len()).unwrap();
     let (dk, dv, dq) = (up(&s, &kf), up(&s, &vf), up(&s, &q));
-    g.kv_store(
-        &dk.as_view(),
-        &dv.as_view(),
-        n_kv * d,
-        &mut kc.as_view_mut(),
-        &mut vc.as_view_mut(),
-        kv,
-        0,
-        n_ctx,
-    )
-    .unwrap();
+    let (kc, vc) = store_kv::<Q4KvByte>(&g, kv, &dk, &dv, n_ctx);
     // The stored blocks are the host build of the same header's quantizer, bit for bit (the
     // host tests bind that to the CPU KV cache's quantizer).
     let host_blocks = |x: &[f32]| -> Vec<u8> {
@@ -1194,42 +1064,12 @@ fn q4_0_kv_cache_matches_host_shim_and_reference_attention() {
         quants::dequantize_row(GgmlType::Q4_0, b, &mut out).unwrap();
         out
     };
-    let want = attention_ref(
-        &q,
-        &deq(&want_k),
-        &deq(&want_v),
-        n_head,
-        n_kv,
-        p0,
-        t,
-        1.0 / 16.0,
-    );
+    let sh = contiguous_attn(kv, n_head, p0, t);
+    let want = attention_ref(&q, &deq(&want_k), &deq(&want_v), &sh);
     for chunk in [64, 256, 4096] {
-        let mut scratch = zeros(
-            &s,
-            Gpu::attention_scratch_len(t, n_head, n_ctx.div_ceil(chunk)),
-        );
-        let mut o = zeros(&s, t * n_head * d);
-        g.attention(
-            &dq.as_view(),
-            n_head * d,
-            d,
-            &kc.as_view(),
-            &vc.as_view(),
-            kv,
-            n_head,
-            p0,
-            t,
-            1.0 / 16.0,
-            chunk,
-            &mut scratch.as_view_mut(),
-            &mut o.as_view_mut(),
-            n_head * d,
-        )
-        .unwrap();
         assert_close(
             &format!("attention q4_0 KV chunk {chunk}"),
-            &down(&s, &o),
+            &attend(&g, &sh, &dq, (&kc, &vc), chunk),
             &want,
             &vec![1.0; want.len()],
             2e-5,
@@ -1239,48 +1079,4 @@ fn q4_0_kv_cache_matches_host_shim_and_reference_attention() {
 
 fn shim_q4(x: &[f32; 32]) -> [u8; 18] {
     pn_kernels::host_shim::safe::q4_0_kv_quantize(x)
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn top_k_matches_a_sort() {
-    let Some(g) = gpu() else { return };
-    let s = g.stream().clone();
-    let mut r = rng(24);
-    for (n, k) in [
-        (248_320usize, 40usize),
-        (5000, 1),
-        (50, 64), // fewer values than k: the tail is marked missing
-        (4096 * 3 + 7, 256),
-    ] {
-        // Coarse values so that ties are common; ties order by index.
-        let x: Vec<f32> = (0..n)
-            .map(|_| (r.random_range(-1000..1000) as f32) * 0.25)
-            .collect();
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| x[b].partial_cmp(&x[a]).unwrap().then(a.cmp(&b)));
-        let dx = up(&s, &x);
-        let m = Gpu::top_k_scratch_len(n, k);
-        let (mut sv, mut si) = (zeros(&s, m), s.alloc_zeros::<i32>(m).unwrap());
-        let (mut ov, mut oi) = (zeros(&s, k), s.alloc_zeros::<i32>(k).unwrap());
-        g.top_k(
-            &dx.as_view(),
-            n,
-            k,
-            &mut sv.as_view_mut(),
-            &mut si.as_view_mut(),
-            &mut ov.as_view_mut(),
-            &mut oi.as_view_mut(),
-        )
-        .unwrap();
-        let (gi, gv) = (down(&s, &oi), down(&s, &ov));
-        let want_k = k.min(n);
-        for j in 0..want_k {
-            assert_eq!(gi[j] as usize, order[j], "n {n} k {k} rank {j}");
-            assert_eq!(gv[j], x[order[j]]);
-        }
-        for j in want_k..k {
-            assert_eq!(gi[j], i32::MAX, "missing entries are marked");
-        }
-    }
 }

@@ -32,7 +32,7 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod bench {
     use pn_kernels::cudarc::driver::sys::CUevent_flags;
-    use pn_kernels::{Gpu, PnPrecision, WeightType};
+    use pn_kernels::{Gpu, MatrixShape, PnPrecision, WeightType};
 
     /// (label, type, precision, n rows, k columns): the 27B model's matrix-vector shapes.
     const SHAPES: &[(&str, WeightType, PnPrecision, usize, usize)] = &[
@@ -206,20 +206,13 @@ mod bench {
             let x = s.clone_htod(&vec![0.5f32; k]).map_err(err)?;
             let mut y = s.alloc_zeros::<f32>(n).map_err(err)?;
             let is_pn = matches!(ty, WeightType::Pn3t | WeightType::Pn4t);
+            let m = MatrixShape { ty, n, k };
             let ms = time(&mut || {
                 if is_pn {
-                    gpu.pn_gemv(
-                        ty,
-                        prec,
-                        &w.as_view(),
-                        &x.as_view(),
-                        &mut y.as_view_mut(),
-                        n,
-                        k,
-                    )
-                    .map_err(err)
+                    gpu.pn_gemv(m, prec, &w.as_view(), &x.as_view(), &mut y.as_view_mut())
+                        .map_err(err)
                 } else {
-                    gpu.gemv(ty, &w.as_view(), &x.as_view(), &mut y.as_view_mut(), n, k)
+                    gpu.gemv(m, &w.as_view(), &x.as_view(), &mut y.as_view_mut())
                         .map_err(err)
                 }
             })?;
@@ -233,13 +226,11 @@ mod bench {
                     .map_err(err)?;
                 let ms = time(&mut || {
                     gpu.pn_gemv_prepared(
-                        ty,
+                        m,
                         &w.as_view(),
                         &xh.as_view(),
                         &e.as_view(),
                         &mut y.as_view_mut(),
-                        n,
-                        k,
                     )
                     .map_err(err)
                 })?;

@@ -24,7 +24,10 @@ use crate::{
 };
 use half::f16;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
-use pn_kernels::{Gpu, KvElem, KvLayout, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, WeightType};
+use pn_kernels::{
+    AttnShape, DeltaRuleInputs, DeltaRuleShape, Gpu, KvElem, KvLayout, KvStoreRows, MatrixShape,
+    NormShape, PnPrecision, Q4KvByte, Q8KvByte, RowLayout, RowStrides, SplitK, WeightType,
+};
 use std::sync::{Mutex, MutexGuard};
 
 /// The head dim the attention and KV kernels are written for.
@@ -115,6 +118,24 @@ struct AttnCall<'a, 'q> {
     pos0: usize,
     n_tokens: usize,
     chunk: usize,
+}
+
+impl AttnCall<'_, '_> {
+    /// The kernels' geometry of this call over caches laid out as `kv`: output rows of
+    /// `n_q_heads` heads of 256 per token.
+    fn shape(&self, kv: KvLayout) -> AttnShape {
+        let l = self.l;
+        AttnShape {
+            kv,
+            n_head: l.n_q_heads,
+            p0: self.pos0,
+            t_len: self.n_tokens,
+            scale: l.scale,
+            q_tok_stride: l.q_token_stride,
+            q_head_stride: l.q_head_stride,
+            o_tok_stride: l.n_q_heads * HEAD_DIM,
+        }
+    }
 }
 
 /// Device scratch reused across calls; grows on demand (bounded, see [`MemoryPlan`]).
@@ -401,8 +422,13 @@ impl CudaBackend {
         let junk = self.grow(junk, n, "KV store scratch")?;
         let mut junk = junk.slice_mut(0..n);
         let layout = KvLayout::token_major::<T>(1, rows);
+        let store = KvStoreRows {
+            tok_stride: HEAD_DIM,
+            p0: 0,
+            t_len: rows,
+        };
         self.gpu
-            .kv_store(src, src, HEAD_DIM, &mut d, &mut junk, layout, 0, rows)?;
+            .kv_store(src, src, &mut d, &mut junk, layout, store)?;
         Ok(())
     }
 
@@ -457,15 +483,13 @@ impl CudaBackend {
         let idv = dev_ids.slice(0..ids.len());
         let n = tokens.len() * d;
         let mut o = view_mut(OP, out, 0, n)?;
-        self.gpu.get_rows(
-            table.ty,
-            &table.bytes.slice(..),
-            &idv,
-            &ids,
-            &mut o,
-            d,
-            table.rows,
-        )?;
+        let m = MatrixShape {
+            ty: table.ty,
+            n: table.rows,
+            k: d,
+        };
+        self.gpu
+            .get_rows(m, &table.bytes.slice(..), &idv, &ids, &mut o)?;
         if let Some(r) = table.rotation_block {
             // Stored rows are W H; H is its own inverse.
             self.gpu.hadamard_inplace(&mut o, n, r)?;
@@ -509,28 +533,26 @@ impl CudaBackend {
             let n = w.rows;
             let mut yv = view_mut(OP, y, 0, rows * n)?;
             let wv = w.bytes.slice(..);
+            let m = MatrixShape { ty: w.ty, n, k };
             let r = if rows == 1 && w.ty != WeightType::Q3K {
                 if prepared && pn_h2(w) {
                     let (Some(xh), Some(e)) = (sc.xh.as_ref(), sc.e.as_ref()) else {
                         return Err(CudaError::driver(OP, "fp16 scratch missing"));
                     };
-                    self.gpu.pn_gemv_prepared(
-                        w.ty,
-                        &wv,
-                        &xh.slice(0..k),
-                        &e.slice(0..1),
-                        &mut yv,
-                        n,
-                        k,
-                    )
-                } else if matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) {
                     self.gpu
-                        .pn_gemv(w.ty, PnPrecision::F32, &wv, &xv, &mut yv, n, k)
+                        .pn_gemv_prepared(m, &wv, &xh.slice(0..k), &e.slice(0..1), &mut yv)
+                } else if matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) {
+                    self.gpu.pn_gemv(m, PnPrecision::F32, &wv, &xv, &mut yv)
                 } else {
-                    self.gpu.gemv(w.ty, &wv, &xv, &mut yv, n, k)
+                    self.gpu.gemv(m, &wv, &xv, &mut yv)
                 }
             } else {
-                self.gpu.matmul(w.ty, &wv, &xv, k, &mut yv, n, n, k, rows)
+                let strides = RowStrides {
+                    rows,
+                    x_stride: k,
+                    y_stride: n,
+                };
+                self.gpu.matmul(m, &wv, &xv, &mut yv, strides)
             };
             r.map_err(|e| CudaError::Driver {
                 op: format!(
@@ -671,20 +693,9 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let l = a.l;
         let kl = KvLayout::token_major::<T>(l.n_kv_heads, a.cap);
-        self.gpu.attention_prefill(
-            a.q,
-            l.q_token_stride,
-            l.q_head_stride,
-            &kc.slice(..),
-            &vc.slice(..),
-            kl,
-            l.n_q_heads,
-            a.pos0,
-            a.n_tokens,
-            l.scale,
-            ov,
-            l.n_q_heads * HEAD_DIM,
-        )?;
+        let sh = a.shape(kl);
+        self.gpu
+            .attention_prefill(&sh, a.q, &kc.slice(..), &vc.slice(..), ov)?;
         Ok(())
     }
 
@@ -699,22 +710,13 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let l = a.l;
         let kl = KvLayout::token_major::<T>(l.n_kv_heads, a.cap);
-        self.gpu.attention(
-            a.q,
-            l.q_token_stride,
-            l.q_head_stride,
-            &kc.slice(..),
-            &vc.slice(..),
-            kl,
-            l.n_q_heads,
-            a.pos0,
-            a.n_tokens,
-            l.scale,
-            a.chunk,
-            scr,
-            ov,
-            l.n_q_heads * HEAD_DIM,
-        )?;
+        let sh = a.shape(kl);
+        let split = SplitK {
+            chunk: a.chunk,
+            scratch: scr,
+        };
+        self.gpu
+            .attention(&sh, a.q, &kc.slice(..), &vc.slice(..), ov, split)?;
         Ok(())
     }
 
@@ -754,9 +756,10 @@ impl CudaBackend {
                 head_stride: d.dk,
             };
             let q_scale = 1.0 / (d.dk as f32).sqrt();
-            self.gpu.l2_norm_inplace(&mut yv, ql, d.dk, 1e-6, q_scale)?;
+            let norm = NormShape { n: d.dk, eps: 1e-6 };
+            self.gpu.l2_norm_inplace(&mut yv, ql, norm, q_scale)?;
             let mut kv = view_mut(OP, y, kd, (n_tokens - 1) * cd + kd)?;
-            self.gpu.l2_norm_inplace(&mut kv, ql, d.dk, 1e-6, 1.0)?;
+            self.gpu.l2_norm_inplace(&mut kv, ql, norm, 1.0)?;
         }
         let qv = view(OP, y, 0, (n_tokens - 1) * cd + kd)?;
         let kv = view(OP, y, kd, (n_tokens - 1) * cd + kd)?;
@@ -772,25 +775,25 @@ impl CudaBackend {
         } else {
             Gpu::delta_rule
         };
-        delta_rule(
-            &self.gpu,
-            &qv,
-            &kv,
-            cd,
-            &vv,
-            cd,
-            &bv,
-            &av,
-            hv,
-            &dtv,
-            &sav,
-            &mut sv,
-            &mut ov,
-            d.value_dim(),
-            hv,
-            d.n_k_heads,
-            n_tokens,
-        )?;
+        let x = DeltaRuleInputs {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            beta_raw: &bv,
+            alpha_raw: &av,
+            dt_bias: &dtv,
+            ssm_a: &sav,
+        };
+        let sh = DeltaRuleShape {
+            qk_stride: cd,
+            v_stride: cd,
+            ab_stride: hv,
+            out_stride: d.value_dim(),
+            n_v_heads: hv,
+            n_k_heads: d.n_k_heads,
+            t_len: n_tokens,
+        };
+        delta_rule(&self.gpu, &x, &sh, &mut sv, &mut ov)?;
         Ok(())
     }
 }
@@ -994,7 +997,9 @@ impl Backend for CudaBackend {
             let xv = view(OP, x, 0, rows * n)?;
             let wv = view(OP, w, 0, n)?;
             let mut ov = view_mut(OP, out, 0, rows * n)?;
-            Ok(self.gpu.rms_norm(&xv, l, &mut ov, l, Some(&wv), n, eps)?)
+            Ok(self
+                .gpu
+                .rms_norm(&xv, l, &mut ov, l, Some(&wv), NormShape { n, eps })?)
         })();
         r.map_err(Into::into)
     }
@@ -1021,7 +1026,9 @@ impl Backend for CudaBackend {
             };
             let wv = view(OP, w, 0, n)?;
             let mut xv = view_mut(OP, x, 0, l.min_len(n))?;
-            Ok(self.gpu.rms_norm_inplace(&mut xv, l, Some(&wv), n, eps)?)
+            Ok(self
+                .gpu
+                .rms_norm_inplace(&mut xv, l, Some(&wv), NormShape { n, eps })?)
         })();
         r.map_err(Into::into)
     }
@@ -1049,7 +1056,7 @@ impl Backend for CudaBackend {
             let mut xv = view_mut(OP, x, 0, len)?;
             Ok(self
                 .gpu
-                .gated_rms_norm_inplace(&mut xv, l, &zv, l, &wv, n, eps)?)
+                .gated_rms_norm_inplace(&mut xv, l, &zv, l, &wv, NormShape { n, eps })?)
         })();
         r.map_err(Into::into)
     }
@@ -1119,15 +1126,13 @@ impl Backend for CudaBackend {
             };
             let gv = view(OP, gate, gate_offset, gl.min_len(head_dim))?;
             let mut xv = view_mut(OP, x, 0, n_tokens * n_heads * head_dim)?;
-            Ok(self.gpu.sigmoid_gate(
-                &mut xv,
-                &gv,
-                n_tokens,
-                n_heads,
-                head_dim,
-                gate_token_stride,
-                gate_head_stride,
-            )?)
+            let gl = RowLayout {
+                tokens: n_tokens,
+                heads: n_heads,
+                tok_stride: gate_token_stride,
+                head_stride: gate_head_stride,
+            };
+            Ok(self.gpu.sigmoid_gate(&mut xv, &gv, gl, head_dim)?)
         })();
         r.map_err(Into::into)
     }
@@ -1157,9 +1162,10 @@ impl Backend for CudaBackend {
             let wv = view(OP, w, 0, kernel * channels)?;
             let mut sv = view_mut(OP, state, 0, (kernel - 1) * channels)?;
             let mut yv = view_mut(OP, y, 0, n_tokens * channels)?;
-            Ok(self.gpu.conv1d_silu(
-                &uv, channels, &mut sv, &wv, &mut yv, channels, channels, n_tokens,
-            )?)
+            let rows = RowStrides::contiguous(n_tokens, channels);
+            Ok(self
+                .gpu
+                .conv1d_silu(&uv, &mut sv, &wv, &mut yv, rows, channels)?)
         })();
         r.map_err(Into::into)
     }
@@ -1243,9 +1249,14 @@ impl Backend for CudaBackend {
             let xv = view(OP, x, 0, rows * n)?;
             let wv = view(OP, w, 0, n)?;
             let mut ov = view_mut(OP, out, 0, rows * n)?;
-            Ok(self
-                .gpu
-                .rms_norm_hadamard(&xv, n, &mut ov, n, &wv, n, rows, eps, block)?)
+            Ok(self.gpu.rms_norm_hadamard(
+                &xv,
+                &mut ov,
+                &wv,
+                RowStrides::contiguous(rows, n),
+                NormShape { n, eps },
+                block,
+            )?)
         })();
         r.map_err(Into::into)
     }

@@ -1,0 +1,191 @@
+//! PN (pn3t / pn4t) matrix-vector products (`kernels/pn_gemv.cu`): the fp32 reference kernels,
+//! the half2 decode kernels, and the one-off fp16 conversion of an activation they can share.
+
+use super::{drv, Gpu, MatrixShape};
+use crate::error::{check, KernelError};
+use crate::types::{PnPrecision, WeightType};
+use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+
+/// Longest row the half2 kernels take: the fp16 copy of x lives in 48 KB of shared memory.
+const H2_MAX_K: usize = 24576;
+
+impl Gpu {
+    /// Checks a PN matrix-vector call; returns the code width (3/4) and blocks per row.
+    fn pn_check(
+        &self,
+        op: &'static str,
+        m: MatrixShape,
+        w: &CudaView<'_, u8>,
+        y_len: usize,
+    ) -> Result<(u32, usize), KernelError> {
+        let MatrixShape { ty, n, k } = m;
+        let bits = match ty {
+            WeightType::Pn3t => 3,
+            WeightType::Pn4t => 4,
+            other => {
+                return Err(KernelError::Shape {
+                    op,
+                    what: format!("{} is not a PN type", other.name()),
+                })
+            }
+        };
+        let row_bytes = ty.row_bytes(k).ok_or_else(|| KernelError::Shape {
+            op,
+            what: format!("k = {k} is not a multiple of {}", ty.block_elems()),
+        })?;
+        check(
+            n > 0 && k > 0 && n <= i32::MAX as usize && k <= i32::MAX as usize,
+            op,
+            || format!("bad shape n = {n}, k = {k}"),
+        )?;
+        check(w.len() >= n * row_bytes, op, || {
+            format!(
+                "weight has {} bytes, {n} x {k} {} needs {}",
+                w.len(),
+                ty.name(),
+                n * row_bytes
+            )
+        })?;
+        check(y_len >= n, op, || {
+            format!("y has {y_len} elements, n = {n}")
+        })?;
+        self.check_align(op, "weight", w, 4)?;
+        Ok((bits, k / ty.block_elems()))
+    }
+
+    /// The half2 kernel for a shape, its rows per warp: two rows per warp once there are
+    /// enough rows to keep 56 SMs busy; the `any` kernel for odd block counts.
+    fn pn_h2_kernel(bits: u32, nb: usize, n: usize, prepared: bool) -> (&'static str, usize) {
+        let r2 = nb.is_multiple_of(2) && n >= 4096;
+        let name = match (bits, nb.is_multiple_of(2), r2, prepared) {
+            (3, true, true, false) => "pn3t_gemv_h2_r2",
+            (3, true, false, false) => "pn3t_gemv_h2_r1",
+            (3, false, _, false) => "pn3t_gemv_h2_any",
+            (_, true, true, false) => "pn4t_gemv_h2_r2",
+            (_, true, false, false) => "pn4t_gemv_h2_r1",
+            (_, false, _, false) => "pn4t_gemv_h2_any",
+            (3, true, true, true) => "pn3t_gemv_h2p_r2",
+            (3, true, false, true) => "pn3t_gemv_h2p_r1",
+            (3, false, _, true) => "pn3t_gemv_h2p_any",
+            (_, true, true, true) => "pn4t_gemv_h2p_r2",
+            (_, true, false, true) => "pn4t_gemv_h2p_r1",
+            (_, false, _, true) => "pn4t_gemv_h2p_any",
+        };
+        (name, if r2 { 2 } else { 1 })
+    }
+
+    /// `y[0..n) = W x` for a PN weight of `m.n` rows by `m.k` columns (`w` = the tensor's
+    /// bytes). `k` must be a multiple of 80 (pn3t) or 64 (pn4t); with `Half2`, `k <= 24576`
+    /// (the fp16 copy of x lives in 48 KB of shared memory). Each thread block stages x itself;
+    /// when several matrices read the same x, [`Gpu::pn_prepare_x`] + [`Gpu::pn_gemv_prepared`]
+    /// convert it once (same results, bit for bit).
+    pub fn pn_gemv(
+        &self,
+        m: MatrixShape,
+        precision: PnPrecision,
+        w: &CudaView<'_, u8>,
+        x: &CudaView<'_, f32>,
+        y: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "pn_gemv";
+        let (bits, nb) = self.pn_check(OP, m, w, y.len())?;
+        let MatrixShape { n, k, .. } = m;
+        check(x.len() >= k, OP, || {
+            format!("x has {} elements, k = {k}", x.len())
+        })?;
+        self.check_align(OP, "x", x, 8)?;
+        let (name, rows_per_warp, smem) = match precision {
+            PnPrecision::F32 => (
+                if bits == 3 {
+                    "pn3t_gemv_f32"
+                } else {
+                    "pn4t_gemv_f32"
+                },
+                1,
+                0,
+            ),
+            PnPrecision::Half2 => {
+                check(k <= H2_MAX_K, OP, || {
+                    format!(
+                        "k = {k} exceeds {H2_MAX_K}, the shared-memory limit of the half2 kernel"
+                    )
+                })?;
+                let (name, r) = Self::pn_h2_kernel(bits, nb, n, false);
+                (name, r, (k * 2) as u32)
+            }
+        };
+        let grid = n.div_ceil(8 * rows_per_warp) as u32;
+        let f = self.func("pn_gemv", name)?;
+        let (n_i, k_i) = (n as i32, k as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(w).arg(x).arg(y).arg(&n_i).arg(&k_i);
+        // SAFETY: argument list matches the kernel signature (w, x, y, N, K); buffer lengths
+        // were checked above; the grid covers n rows with 8 warps per block.
+        unsafe { b.launch(Self::cfg((grid, 1, 1), 256, smem)) }.map_err(drv(name))?;
+        Ok(())
+    }
+
+    /// Converts the activation `x[0..k)` once for every PN matrix that reads it: `xh` gets
+    /// `k` fp16 values (x scaled by a power of two), `e[0]` the exponent. `k` a multiple of 16
+    /// (every PN row length is).
+    pub fn pn_prepare_x(
+        &self,
+        x: &CudaView<'_, f32>,
+        k: usize,
+        xh: &mut CudaViewMut<'_, half::f16>,
+        e: &mut CudaViewMut<'_, i32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "pn_prepare_x";
+        check(k > 0 && k.is_multiple_of(16) && k <= H2_MAX_K, OP, || {
+            format!("k = {k} must be a multiple of 16 up to {H2_MAX_K}")
+        })?;
+        check(x.len() >= k && xh.len() >= k && !e.is_empty(), OP, || {
+            format!(
+                "x has {}, xh {} (k = {k}), e {}",
+                x.len(),
+                xh.len(),
+                e.len()
+            )
+        })?;
+        self.check_align(OP, "x", x, 8)?;
+        let f = self.func("pn_gemv", "pn_prepare_x_h2")?;
+        let k_i = k as i32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(&k_i).arg(xh).arg(e);
+        // SAFETY: (x, K, xh, e_out); lengths checked; one block.
+        unsafe { b.launch(Self::cfg((1, 1, 1), 1024, 0)) }.map_err(drv("pn_prepare_x_h2"))?;
+        Ok(())
+    }
+
+    /// [`Gpu::pn_gemv`] with `Half2` from an activation converted by [`Gpu::pn_prepare_x`]
+    /// (`xh`: `m.k` fp16 values, `e[0]`: their exponent).
+    pub fn pn_gemv_prepared(
+        &self,
+        m: MatrixShape,
+        w: &CudaView<'_, u8>,
+        xh: &CudaView<'_, half::f16>,
+        e: &CudaView<'_, i32>,
+        y: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "pn_gemv_prepared";
+        let (bits, nb) = self.pn_check(OP, m, w, y.len())?;
+        let MatrixShape { n, k, .. } = m;
+        check(k <= H2_MAX_K && xh.len() >= k && !e.is_empty(), OP, || {
+            format!(
+                "k = {k} (max {H2_MAX_K}), xh has {}, e has {}",
+                xh.len(),
+                e.len()
+            )
+        })?;
+        self.check_align(OP, "xh", xh, 16)?;
+        let (name, rows_per_warp) = Self::pn_h2_kernel(bits, nb, n, true);
+        let grid = n.div_ceil(8 * rows_per_warp) as u32;
+        let f = self.func("pn_gemv", name)?;
+        let (n_i, k_i) = (n as i32, k as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(w).arg(xh).arg(e).arg(y).arg(&n_i).arg(&k_i);
+        // SAFETY: (w, xh, e, y, N, K) as declared; lengths checked; shared memory K halves.
+        unsafe { b.launch(Self::cfg((grid, 1, 1), 256, (k * 2) as u32)) }.map_err(drv(name))?;
+        Ok(())
+    }
+}
