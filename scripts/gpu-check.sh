@@ -25,8 +25,9 @@ build() {
   # Test binaries (release: the GPU tests run whole models), paths taken from cargo's JSON.
   local json
   json="$(cargo test --release --no-run --message-format=json \
-    -p pn-kernels --test gpu --test h2_accuracy --test delta_rule_chunked --test attention_prefill \
-    -p pn-runtime --test cuda_backend --test engine_cuda 2>/dev/null)"
+    -p pn-kernels --test gpu --test h2_accuracy --test attention_prefill \
+    -p pn-tests --test cuda_backend --test delta_rule_chunked \
+    -p pn-runtime --test engine_cuda 2>/dev/null)"
   echo "$json" | python3 -c '
 import json, sys, shutil, os
 dest = sys.argv[1]

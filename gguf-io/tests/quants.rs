@@ -7,61 +7,10 @@ use gguf_io::quants::{
 };
 use gguf_io::GgmlType;
 use half::f16;
+use pn_tests::ggml::{abs_dot, random_row, scale_fields};
+use pn_tests::random_vec;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-/// Byte offsets of the f16 scale fields inside one block of `ty`.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        _ => &[],
-    }
-}
-
-/// A random row of `n_blocks` blocks: random quant bytes, scale fields set to finite values in
-/// roughly +-`scale`, floats finite.
-fn random_row(ty: GgmlType, n_blocks: usize, scale: f32, rng: &mut StdRng) -> Vec<u8> {
-    let mut row = Vec::new();
-    for _ in 0..n_blocks {
-        match ty {
-            GgmlType::F32 => row.extend(rng.random_range(-scale..scale).to_le_bytes()),
-            GgmlType::F16 => row.extend(
-                f16::from_f32(rng.random_range(-scale..scale))
-                    .to_bits()
-                    .to_le_bytes(),
-            ),
-            GgmlType::BF16 => {
-                row.extend(((rng.random_range(-scale..scale).to_bits() >> 16) as u16).to_le_bytes())
-            }
-            _ => {
-                let mut b: Vec<u8> = (0..ty.type_size()).map(|_| rng.random()).collect();
-                for &off in scale_fields(ty) {
-                    let v = f16::from_f32(rng.random_range(-scale..scale))
-                        .to_bits()
-                        .to_le_bytes();
-                    b[off..off + 2].copy_from_slice(&v);
-                }
-                row.extend(b);
-            }
-        }
-    }
-    row
-}
-
-fn random_x(n: usize, rng: &mut StdRng) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
-}
-
-fn abs_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    let mut w = vec![0f32; x.len()];
-    dequantize_row(ty, row, &mut w).unwrap();
-    w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-30
-}
 
 #[test]
 fn fast_f32_dot_matches_reference_for_every_type() {
@@ -75,7 +24,7 @@ fn fast_f32_dot_matches_reference_for_every_type() {
             };
             for scale in [1e-3f32, 0.05, 30.0] {
                 let row = random_row(ty, blocks, scale, &mut rng);
-                let x = random_x(blocks * ty.block_size(), &mut rng);
+                let x = random_vec(&mut rng, blocks * ty.block_size(), 2.0);
                 let r = reference::vec_dot_f32(ty, &row, &x).unwrap();
                 let fast = vec_dot_f32(ty, &row, &x).unwrap();
                 let portable = reference::vec_dot_f32_portable(ty, &row, &x).unwrap();
@@ -110,7 +59,7 @@ fn adversarial_blocks_decode_consistently() {
                         b[o..o + 2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
                     }
                 }
-                let x = random_x(4 * ty.block_size(), &mut rng);
+                let x = random_vec(&mut rng, 4 * ty.block_size(), 2.0);
                 let r = reference::vec_dot_f32(ty, &b, &x).unwrap();
                 let fast = vec_dot_f32(ty, &b, &x).unwrap();
                 let tol = 2e-6 * abs_dot(ty, &b, &x);
@@ -132,7 +81,7 @@ fn int8_dot_matches_its_scalar_reference_and_the_f32_math() {
             let n = blocks * ty.block_size();
             let n = n.div_ceil(256) * 256;
             let row = random_row(ty, n / ty.block_size(), 0.05, &mut rng);
-            let x = random_x(n, &mut rng);
+            let x = random_vec(&mut rng, n, 2.0);
             let acts = quantize_activations(ty, &x).unwrap();
             let fast = vec_dot_q(ty, &row, &acts).unwrap();
             let scalar = reference::vec_dot_q(ty, &row, &acts).unwrap();

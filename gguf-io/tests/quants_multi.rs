@@ -2,58 +2,12 @@
 //! reference per vector) and the single-vector fast path, for every decodable type, 1..=9
 //! vectors and ragged lengths; and its typed errors.
 
-use gguf_io::quants::{
-    dequantize_row, reference, vec_dot_f32, vec_dot_f32_multi, QuantError, DECODABLE,
-};
+use gguf_io::quants::{reference, vec_dot_f32, vec_dot_f32_multi, QuantError, DECODABLE};
 use gguf_io::GgmlType;
-use half::f16;
+use pn_tests::ggml::{abs_dot, random_row};
+use pn_tests::random_vec;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-/// Byte offsets of the f16 scale fields inside one block of `ty`.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        _ => &[],
-    }
-}
-
-/// Random quant bytes with finite scales in +-`scale` (floats finite).
-fn random_row(ty: GgmlType, n_blocks: usize, scale: f32, rng: &mut StdRng) -> Vec<u8> {
-    let mut row = Vec::new();
-    for _ in 0..n_blocks {
-        match ty {
-            GgmlType::F32 => row.extend(rng.random_range(-scale..scale).to_le_bytes()),
-            GgmlType::F16 => {
-                row.extend(f16::from_f32(rng.random_range(-scale..scale)).to_le_bytes())
-            }
-            GgmlType::BF16 => {
-                row.extend(((rng.random_range(-scale..scale).to_bits() >> 16) as u16).to_le_bytes())
-            }
-            _ => {
-                let mut b: Vec<u8> = (0..ty.type_size()).map(|_| rng.random()).collect();
-                for &off in scale_fields(ty) {
-                    let v = f16::from_f32(rng.random_range(-scale..scale)).to_le_bytes();
-                    b[off..off + 2].copy_from_slice(&v);
-                }
-                row.extend(b);
-            }
-        }
-    }
-    row
-}
-
-/// `sum |w x|`: the scale of the rounding error of any summation order.
-fn abs_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    let mut w = vec![0f32; x.len()];
-    dequantize_row(ty, row, &mut w).unwrap();
-    w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-30
-}
+use rand::SeedableRng;
 
 #[test]
 fn multi_matches_reference_and_single_for_every_type() {
@@ -69,9 +23,7 @@ fn multi_matches_reference_and_single_for_every_type() {
             let row = random_row(ty, blocks, 0.5, &mut rng);
             let n = blocks * ty.block_size();
             for m in 1..=9 {
-                let xs: Vec<Vec<f32>> = (0..m)
-                    .map(|_| (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect())
-                    .collect();
+                let xs: Vec<Vec<f32>> = (0..m).map(|_| random_vec(&mut rng, n, 2.0)).collect();
                 let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
                 let mut fast = vec![f32::NAN; m];
                 vec_dot_f32_multi(ty, &row, &refs, &mut fast).unwrap();

@@ -2,18 +2,11 @@
 //! tensor table must match gguf-py's reading, and every tensor must decode bit-exactly to
 //! gguf-py's (and ggml's) dequantization. See tests/data/real-gguf/README.md.
 
-use std::path::PathBuf;
-
 use gguf_io::quants::{dequantize_row, reference, vec_dot_f32};
 use gguf_io::{GgmlType, GgufFile};
+use pn_tests::data;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
-
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/real-gguf")
-        .join(rel)
-}
 
 fn sha256_hex(b: &[u8]) -> String {
     Sha256::digest(b)
@@ -23,17 +16,20 @@ fn sha256_hex(b: &[u8]) -> String {
 }
 
 fn expected() -> Json {
-    serde_json::from_str(&std::fs::read_to_string(data("slices-expected.json")).unwrap()).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(data("real-gguf", "slices-expected.json")).unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
 fn header_and_kvs_match_gguf_py() {
-    let bytes = std::fs::read(data("slices.gguf")).unwrap();
+    let bytes = std::fs::read(data("real-gguf", "slices.gguf")).unwrap();
     assert_eq!(
         sha256_hex(&bytes),
         expected()["slices_gguf_sha256"].as_str().unwrap()
     );
-    let f = GgufFile::open(data("slices.gguf")).unwrap();
+    let f = GgufFile::open(data("real-gguf", "slices.gguf")).unwrap();
     assert_eq!(f.version(), 3);
     assert_eq!(f.alignment(), 32);
     assert_eq!(f.metadata().len(), 15);
@@ -55,9 +51,9 @@ fn every_tensor_matches_and_decodes_bit_exactly() {
     let exp = expected();
     let tensors = exp["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), 26);
-    let f = GgufFile::open(data("slices.gguf")).unwrap();
+    let f = GgufFile::open(data("real-gguf", "slices.gguf")).unwrap();
     assert_eq!(f.tensor_infos().len(), 26);
-    let bin = std::fs::read(data("slices-expected.bin")).unwrap();
+    let bin = std::fs::read(data("real-gguf", "slices-expected.bin")).unwrap();
     assert_eq!(
         sha256_hex(&bin),
         exp["expected_bin_sha256"].as_str().unwrap()
@@ -153,9 +149,10 @@ fn full_gemma_file_matches_listing_when_present() {
         eprintln!("PN_GEMMA3_GGUF not set: skipping the full-file comparison");
         return;
     };
-    let listing: Json =
-        serde_json::from_str(&std::fs::read_to_string(data("gemma3-270m-listing.json")).unwrap())
-            .unwrap();
+    let listing: Json = serde_json::from_str(
+        &std::fs::read_to_string(data("real-gguf", "gemma3-270m-listing.json")).unwrap(),
+    )
+    .unwrap();
     let f = GgufFile::open(path).unwrap();
     assert_eq!(f.file_len(), listing["file_size"].as_u64().unwrap());
     assert_eq!(u64::from(f.version()), listing["version"].as_u64().unwrap());

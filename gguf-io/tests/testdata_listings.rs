@@ -1,15 +1,8 @@
 //! Every GGUF under tests/data parses, and its metadata and tensor table equal the listing that
 //! the producing tool (llama.cpp's converter / gguf-py) stored beside it.
 
-use std::path::PathBuf;
-
 use gguf_io::{Array, GgmlType, GgufFile, Value};
-
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
+use pn_tests::data;
 
 /// One tensor line of a `gguf_listing.txt`.
 #[derive(Debug, PartialEq)]
@@ -117,8 +110,8 @@ fn check_value(key: &str, v: &Value, text: &str) {
 }
 
 fn check_against_listing(folder: &str) {
-    let f = GgufFile::open(data(&format!("{folder}/model-f16.gguf"))).unwrap();
-    let text = std::fs::read_to_string(data(&format!("{folder}/gguf_listing.txt"))).unwrap();
+    let f = GgufFile::open(data(folder, "model-f16.gguf")).unwrap();
+    let text = std::fs::read_to_string(data(folder, "gguf_listing.txt")).unwrap();
     let (meta, tensors) = parse_listing(&text);
     assert_eq!(f.version(), 3);
 
@@ -157,7 +150,7 @@ fn check_against_listing(folder: &str) {
 #[test]
 fn tiny_qwen35_matches_listing() {
     check_against_listing("tiny-qwen35");
-    let f = GgufFile::open(data("tiny-qwen35/model-f16.gguf")).unwrap();
+    let f = GgufFile::open(data("tiny-qwen35", "model-f16.gguf")).unwrap();
     assert_eq!(f.tensor_infos().len(), 124);
     assert_eq!(f.get_u32("qwen35.block_count").unwrap(), 9);
     assert_eq!(
@@ -176,7 +169,7 @@ fn demo_code_model_matches_listing() {
 #[test]
 fn vocab_only_gguf_matches_readme() {
     // Values from qwen-tokenizer/README.md (gguf-py's reading of the file).
-    let f = GgufFile::open(data("qwen-tokenizer/vocab-qwen35.gguf")).unwrap();
+    let f = GgufFile::open(data("qwen-tokenizer", "vocab-qwen35.gguf")).unwrap();
     assert_eq!(f.version(), 3);
     assert_eq!(f.metadata().len(), 35);
     assert!(f.tensor_infos().is_empty());

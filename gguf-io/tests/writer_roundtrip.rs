@@ -195,8 +195,7 @@ proptest! {
 fn real_files_rewrite_byte_identically() {
     // gguf-py's writer and ours agree on the layout: reading the gguf-py file and writing it
     // back gives the same bytes.
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/real-gguf/slices.gguf");
+    let path = pn_tests::data("real-gguf", "slices.gguf");
     let original = std::fs::read(&path).unwrap();
     let f = GgufFile::from_bytes(original.clone()).unwrap();
     let c = Case {

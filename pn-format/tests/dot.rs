@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{magnitude, Rng};
 use pn_format::dot::{dot_prepared_with, matvec_with};
 use pn_format::{
     dequantize_row, dot_f32, dot_ref_f64, matvec, pack_block, quantize_row_ref, Isa, PnError,
@@ -76,19 +76,6 @@ fn element_index_shift_defect_is_not_reproduced() {
             "defect would be caught: {wrong} vs {reference}"
         );
     }
-}
-
-/// Scale for error bounds: sum over blocks of |d| * sum((n + z) * |x|), which bounds every partial
-/// sum that either the direct or the `sum(n x) - z sum(x)` formulation forms.
-pub fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
-    let mut s = 0.0;
-    for (b, blk) in pn_format::blocks(ty, row).unwrap().enumerate() {
-        for e in 0..ty.weights_per_block() {
-            let n = blk.code(e) as f64 + ty.zero_point() as f64;
-            s += (blk.scale() as f64).abs() * n * (x[b * ty.weights_per_block() + e] as f64).abs();
-        }
-    }
-    s
 }
 
 /// Extra error of int16 activations: |w| * (half a quantization step of the block).

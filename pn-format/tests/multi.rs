@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{magnitude, Rng};
 use pn_format::dot::{matvec_multi, matvec_multi_with, matvec_with, MAX_ACTS};
 use pn_format::{dot_ref_f64, Isa, PnError, PnType, PreparedI16};
 use proptest::prelude::*;
@@ -24,19 +24,6 @@ fn random_rows(nb: usize, rows: usize, seed: u64) -> Vec<u8> {
         }
     }
     out
-}
-
-/// `sum |d| (n + z) |x|`: bounds every partial sum of either formulation.
-fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
-    let bpw = ty.weights_per_block();
-    let mut s = 0.0;
-    for (b, blk) in pn_format::blocks(ty, row).unwrap().enumerate() {
-        for e in 0..bpw {
-            let n = blk.code(e) as f64 + ty.zero_point() as f64;
-            s += (blk.scale() as f64).abs() * n * (x[b * bpw + e] as f64).abs();
-        }
-    }
-    s
 }
 
 fn run(isa: Isa, ty: PnType, w: &[u8], rows: usize, acts: &[PreparedI16]) -> Vec<Vec<f32>> {

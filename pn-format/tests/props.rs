@@ -1,6 +1,9 @@
 //! Property tests: SIMD == scalar on random rows (odd block counts, unaligned buffers), and no
 //! panic from validation, decoding or dot products on arbitrary bytes.
 
+mod common;
+
+use common::magnitude;
 use pn_format::dot::dot_prepared_with;
 use pn_format::{dequantize_row, dot_ref_f64, validate_row, Isa, PnType, PreparedF32, PreparedI16};
 use proptest::prelude::*;
@@ -31,18 +34,6 @@ fn row_bytes(nb: usize, seed: u64) -> Vec<u8> {
         }
     }
     out
-}
-
-fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
-    let bpw = ty.weights_per_block();
-    let mut s = 0.0;
-    for (b, blk) in pn_format::blocks(ty, row).unwrap().enumerate() {
-        for e in 0..bpw {
-            let n = blk.code(e) as f64 + ty.zero_point() as f64;
-            s += (blk.scale() as f64).abs() * n * (x[b * bpw + e] as f64).abs();
-        }
-    }
-    s
 }
 
 proptest! {

@@ -4,6 +4,7 @@
 //! read per token. It also prints the process CPU time, because on a shared machine the wall
 //! clock mostly measures the other tenants.
 
+use pn_tests::argmax;
 use qwen_model::{Backend, CpuBackend, Model, Outputs};
 use std::time::Instant;
 
@@ -36,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let prefill = t0.elapsed().as_secs_f64();
     let prefill_cpu = cpu_seconds() - c0;
-    let mut tok = argmax(&logits);
+    let mut tok = argmax(&logits) as u32;
     let t1 = Instant::now();
     let c1 = cpu_seconds();
     for _ in 0..n {
@@ -46,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[tok],
             Outputs::last_logits(&mut logits),
         )?;
-        tok = argmax(&logits);
+        tok = argmax(&logits) as u32;
     }
     let dt = t1.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - c1;
@@ -74,16 +75,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu / dt
     );
     Ok(())
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[b] {
-            b = i;
-        }
-    }
-    b as u32
 }
 
 /// User + system CPU time of this process (all threads), from `/proc/self/stat` (Linux; 0

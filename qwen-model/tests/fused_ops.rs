@@ -5,20 +5,11 @@
 
 mod common;
 
-use common::{read_tokens, tiny, Rot, Wrapped};
+use common::{Rot, Wrapped};
+// `rnd(seed, n, scale)`, `bits(v)`: the kit's helpers under this file's short names.
+use pn_tests::{data, f32_bits as bits, read_tokens, seeded_vec as rnd, tiny, DEMO};
 use qwen_model::weights::Mixer;
 use qwen_model::{Backend, CpuBackend, Model, Outputs};
-use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
-
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// The CPU backend's fused ops give the bits of the separate calls they replace, including rows
 /// of zeros (the norm's `eps` path) and K a multiple of R larger than R.
@@ -52,12 +43,6 @@ fn cpu_fused_ops_equal_the_separate_calls() {
         be.hadamard(&mut sep, len, block).unwrap();
         assert_eq!(bits(&out), bits(&sep), "swiglu_hadamard {len} R={block}");
     }
-}
-
-fn demo(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/demo-code-model")
-        .join(name)
 }
 
 /// The rotations one trunk forward of `rows` tokens must ask for, from the weights' `rotated`
@@ -117,9 +102,9 @@ fn expected(m: &Model<Wrapped>, rows: usize, head_rows: usize, hidden: bool) -> 
 #[test]
 fn rotated_demo_model_uses_the_fused_ops() {
     let be = Wrapped::new(CpuBackend::new(2));
-    let m = Model::load(demo("model-pn3.gguf"), be).expect("demo PN3 model");
+    let m = Model::load(data(DEMO, "model-pn3.gguf"), be).expect("demo PN3 model");
     let (d, v) = (m.config.hidden, m.config.vocab);
-    let tokens = read_tokens(&demo("tokens_val.json"));
+    let tokens = read_tokens(data(DEMO, "tokens_val.json"));
     let (prompt, next) = (&tokens[..9], &tokens[9..10]);
     let mut ws = m.new_workspace(16).unwrap();
     m.backend.take();

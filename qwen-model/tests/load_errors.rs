@@ -2,9 +2,8 @@
 //! gguf-io's writer) each give their specific, named error.
 #![allow(clippy::needless_range_loop)] // the naive references index like the formulas
 
-mod common;
-
 use gguf_io::{GgmlType, GgufFile, MetadataEntry, Value};
+use pn_tests::tiny;
 use qwen_model::{CpuBackend, Model, ModelError};
 use std::sync::Arc;
 
@@ -13,7 +12,7 @@ fn load_edited(
     edit_meta: impl Fn(&mut Vec<MetadataEntry>),
     edit_tensors: impl Fn(&mut Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>),
 ) -> Result<Model<CpuBackend>, ModelError> {
-    let src = GgufFile::open(common::tiny("model-f16.gguf")).expect("tiny model");
+    let src = GgufFile::open(tiny("model-f16.gguf")).expect("tiny model");
     let mut meta = src.metadata().to_vec();
     edit_meta(&mut meta);
     let mut tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = src

@@ -5,18 +5,14 @@
 use gguf_io::GgmlType;
 use qwen_model::backend::{Backend, WeightSource};
 use qwen_model::CpuBackend;
+// `randn`: the kit's `random_signed` under this file's short name.
+use pn_tests::random_signed as randn;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// A multiple of every block size involved (256 for K-quants, 80 for pn3t, 64 for pn4t).
 const K: usize = 1280;
 const ROWS: usize = 37;
-
-fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
-        .collect()
-}
 
 /// Encodes `ROWS x K` random weights as `ty` (hand-built blocks for the types gguf-io does not
 /// quantize).

@@ -1,8 +1,7 @@
 //! Steady-state decode allocates nothing: a counting global allocator watches a few decode
 //! steps after warm-up (trunk and MTP block, two threads).
 
-mod common;
-
+use pn_tests::tiny;
 use qwen_model::{CpuBackend, Model, Outputs};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,7 +33,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn decode_steps_do_not_allocate() {
-    let m = Model::load(common::tiny("model-f16.gguf"), CpuBackend::new(2)).unwrap();
+    let m = Model::load(tiny("model-f16.gguf"), CpuBackend::new(2)).unwrap();
     let (v, d) = (m.config.vocab, m.config.hidden);
     let mut state = m.new_state(64).unwrap();
     let mut ws = m.new_workspace(16).unwrap();

@@ -3,22 +3,10 @@
 
 use qwen_model::backend::{AttnLayout, Backend, GdnDims, RopeLayout};
 use qwen_model::CpuBackend;
+// `randn`, `max_diff`: the kit's helpers under this file's short names.
+use pn_tests::{max_abs as max_diff, random_signed as randn};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
-        .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())

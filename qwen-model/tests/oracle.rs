@@ -2,9 +2,8 @@
 //! GGUF converted by llama.cpp's converter (`tests/data/tiny-qwen35/README.md`).
 #![allow(clippy::needless_range_loop)] // the naive references index like the formulas
 
-mod common;
-
-use common::*;
+use pn_tests::model::prefill_then_decode;
+use pn_tests::{assert_argmax, max_abs, read_f32, read_tokens, tiny};
 use qwen_model::{CpuBackend, Model, Outputs};
 
 const TOL: f32 = 1e-4;
@@ -298,8 +297,7 @@ fn bad_token_and_full_context_are_errors() {
 /// validation tokens. Trained weights give larger, structured logits than the random tiny model.
 #[test]
 fn demo_model_matches_transformers() {
-    let dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/demo-code-model");
+    let dir = pn_tests::data(pn_tests::DEMO, "");
     let m = Model::load(dir.join("model-f16.gguf"), CpuBackend::new(2)).expect("demo model");
     let tokens = read_tokens(&dir.join("tokens_val.json"));
     let want = read_f32(&dir.join("logits_val.f32"));
@@ -317,25 +315,11 @@ fn demo_model_matches_transformers() {
 fn f16_kv_cache_stays_close() {
     let m = model();
     let tokens = read_tokens(&tiny("tokens_b.json"));
-    let v = m.config.vocab;
-    let want = read_f32(&tiny("logits_b.f32"));
+    let want = read_f32(tiny("logits_b.f32"));
     let mut state = m
         .new_state_with_kv(tokens.len(), qwen_model::KvCacheType::F16)
         .unwrap();
-    let mut ws = m.new_workspace(64).unwrap();
-    let mut got = vec![0.0; tokens.len() * v];
-    m.forward(
-        &mut state,
-        &mut ws,
-        &tokens[..150],
-        Outputs::all_logits(&mut got[..150 * v]),
-    )
-    .unwrap();
-    for (i, &t) in tokens[150..].iter().enumerate() {
-        let row = &mut got[(150 + i) * v..(151 + i) * v];
-        m.forward(&mut state, &mut ws, &[t], Outputs::last_logits(row))
-            .unwrap();
-    }
+    let got = prefill_then_decode(&m, &mut state, &tokens, 150);
     let d = max_abs(&got, &want);
     eprintln!("sequence b with an f16 KV cache: max abs diff {d:.3e}");
     assert!(d > 0.0 && d <= 2e-3, "f16 KV cache: {d}");

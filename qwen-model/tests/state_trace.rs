@@ -4,17 +4,15 @@
 
 mod common;
 
-use common::{tiny, Wrapped};
+use common::Wrapped;
+// `bits(v)`: the kit's `f32_bits` under this file's short name.
+use pn_tests::{argmax, data, f32_bits as bits, tiny, DEMO};
 use qwen_model::{Backend, CpuBackend, GdnDims, GdnRowScratch, Model, Outputs, StateTrace};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
 fn demo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/demo-code-model/model-pn3.gguf")
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    data(DEMO, "model-pn3.gguf")
 }
 
 fn toks(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
@@ -142,7 +140,7 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
         .unwrap();
     let (_, want) = fresh(&mut ws, 2);
     assert!(max_rel_diff(&l, &want) < 1e-3, "{path:?}: after rollback");
-    assert_eq!(common::argmax(&l), common::argmax(&want));
+    assert_eq!(argmax(&l), argmax(&want));
 
     // A batch longer than the trace is refused before anything runs.
     let pos = st.pos();

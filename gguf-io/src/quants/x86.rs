@@ -131,6 +131,23 @@ unsafe fn dot_q8_0_f32(row: &[u8], x: &[f32]) -> f32 {
     hsum(acc)
 }
 
+/// Q4_K sub-blocks `2c` and `2c + 1` of a block with super-scales `d` / `dmin` and packed 6-bit
+/// `scales` (the block's bytes 4..16): their scale and min, each `d * sc` / `dmin * m` in f32
+/// and broadcast to 8 lanes: `[scale 2c, min 2c, scale 2c+1, min 2c+1]`. Shared by the one- and
+/// the multi-vector dot products so both round the same way.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn q4k_pair_scales(d: f32, dmin: f32, scales: &[u8], c: usize) -> [__m256; 4] {
+    let (sc1, m1) = scale_min_k4(2 * c, scales);
+    let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
+    [
+        _mm256_set1_ps(d * sc1 as f32),
+        _mm256_set1_ps(dmin * m1 as f32),
+        _mm256_set1_ps(d * sc2 as f32),
+        _mm256_set1_ps(dmin * m2 as f32),
+    ]
+}
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_q4k_f32(row: &[u8], x: &[f32]) -> f32 {
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -140,16 +157,7 @@ unsafe fn dot_q4k_f32(row: &[u8], x: &[f32]) -> f32 {
         let dmin = f16_at(b, 2);
         let scales = &b[4..16];
         for c in 0..4 {
-            let (sc1, m1) = scale_min_k4(2 * c, scales);
-            let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
-            let (d1, mn1) = (
-                _mm256_set1_ps(d * sc1 as f32),
-                _mm256_set1_ps(dmin * m1 as f32),
-            );
-            let (d2, mn2) = (
-                _mm256_set1_ps(d * sc2 as f32),
-                _mm256_set1_ps(dmin * m2 as f32),
-            );
+            let [d1, mn1, d2, mn2] = q4k_pair_scales(d, dmin, scales, c);
             let q = b.as_ptr().add(16 + 32 * c);
             let xc = xb.as_ptr().add(64 * c);
             for g in 0..4 {

@@ -5,7 +5,8 @@
 use std::arch::x86_64::*;
 
 use super::fp::f16_at;
-use super::kquants::{scale_min_k4, Q4K_BYTES, QK_K};
+use super::kquants::{Q4K_BYTES, QK_K};
+use super::x86::q4k_pair_scales;
 use super::{decoder, Decoder};
 use crate::types::GgmlType;
 
@@ -141,16 +142,7 @@ unsafe fn q4k_rows<const M: usize>(row: &[u8], xp: [*const f32; M]) -> [f32; M] 
         let dmin = f16_at(b, 2);
         let scales = &b[4..16];
         for c in 0..4 {
-            let (sc1, m1) = scale_min_k4(2 * c, scales);
-            let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
-            let (d1, mn1) = (
-                _mm256_set1_ps(d * sc1 as f32),
-                _mm256_set1_ps(dmin * m1 as f32),
-            );
-            let (d2, mn2) = (
-                _mm256_set1_ps(d * sc2 as f32),
-                _mm256_set1_ps(dmin * m2 as f32),
-            );
+            let [d1, mn1, d2, mn2] = q4k_pair_scales(d, dmin, scales, c);
             let q = b.as_ptr().add(16 + 32 * c);
             let base = QK_K * i + 64 * c;
             for g in 0..4 {

@@ -114,6 +114,21 @@ pub fn spec_codes(ty: PnType, block: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Scale for error bounds: `sum over blocks of |d| * sum((n + z) * |x|)`, which bounds every
+/// partial sum that either the direct or the `sum(n x) - z sum(x)` formulation forms.
+pub fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
+    let bpw = ty.weights_per_block();
+    let mut s = 0.0;
+    for (b, blk) in pn_format::blocks(ty, row).unwrap().enumerate() {
+        for e in 0..bpw {
+            let n = blk.code(e) as f64 + ty.zero_point() as f64;
+            s += (blk.scale() as f64).abs() * n * (x[b * bpw + e] as f64).abs();
+        }
+    }
+    s
+}
+
+/// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -4,7 +4,10 @@
 
 use half::f16;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+
+// The seeded data every crate's tests use (`rng(seed)`, `random_vec(rng, n, a)`).
+pub use pn_tests::{random_vec, rng};
 
 /// Bits, zero point, weights per block, codes per word.
 pub fn pn_geom(bits: u32) -> (u32, i32, usize, usize) {
@@ -66,16 +69,6 @@ pub fn pair_bytes(data: &[u8], q: usize) -> [u8; 68] {
     let end = (start + 68).min(data.len());
     p[..end - start].copy_from_slice(&data[start..end]);
     p
-}
-
-/// Deterministic rng for a test.
-pub fn rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed)
-}
-
-/// Random activations in [-a, a].
-pub fn random_vec(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-a..a)).collect()
 }
 
 /// f64 -> f16 with one round-to-nearest-even (the `half` crate's `from_f64` truncates low bits

@@ -1,7 +1,7 @@
 //! The CUDA backend against the CPU backend (every op, random and adversarial shapes), the tiny
 //! oracle model end to end, and a PN3 model's GPU logits against its CPU logits.
 //!
-//! Needs a GPU: `cargo test -p pn-runtime --test cuda_backend -- --ignored`. Without kernels,
+//! Needs a GPU: `cargo test -p pn-tests --test cuda_backend -- --ignored`. Without kernels,
 //! driver or device each test prints why and returns.
 
 use gguf_io::GgmlType;
@@ -12,7 +12,10 @@ use qwen_model::{
     WeightSource,
 };
 use rand::{Rng, SeedableRng};
-use std::path::{Path, PathBuf};
+// `rnd(seed, n, scale)`, `bytemuck_f32(v)`: the kit's helpers under this file's short names.
+use pn_tests::{
+    f32_le_bytes as bytemuck_f32, max_abs, read_f32, read_tokens, seeded_vec as rnd, tiny,
+};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -22,33 +25,6 @@ fn gpu() -> Option<CudaBackend> {
             None
         }
     }
-}
-
-fn tiny(f: &str) -> PathBuf {
-    // PN_REPO_ROOT: a test binary built on one machine and run from a copy of the checkout on
-    // another (scripts/gpu-check.sh).
-    match std::env::var_os("PN_REPO_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
-    }
-    .join("tests/data/tiny-qwen35")
-    .join(f)
-}
-
-fn rnd(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(-scale..scale)).collect()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(
-            0.0,
-            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
-        )
 }
 
 fn buf<B: Backend>(be: &B, v: &[f32]) -> B::Buf {
@@ -511,10 +487,6 @@ fn weight_bytes(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     }
 }
 
-fn bytemuck_f32(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn matmul_case<B: Backend>(be: &B, ty: GgmlType, n: usize, k: usize, rows: usize) -> Vec<f32> {
     let bytes = weight_bytes(ty, n, k, 21);
     let src = WeightSource {
@@ -606,6 +578,7 @@ fn all_logits<B: Backend>(
     pieces: &[usize],
     kv: KvCacheType,
 ) -> Vec<f32> {
+fn all_logits<B: Backend>(m: &Model<B>, tokens: &[u32], pieces: &[usize], kv: KvType) -> Vec<f32> {
     let v = m.config.vocab;
     let mut state = m.new_state_with_kv(tokens.len(), kv).unwrap();
     let mut ws = m.new_workspace(64).unwrap();

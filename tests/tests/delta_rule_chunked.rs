@@ -1,18 +1,17 @@
-//! The chunked gated delta rule (`kernels/delta_rule_chunked.cu` / `.cuh`).
+//! The chunked gated delta rule (`pn-kernels/kernels/delta_rule_chunked.cu` / `.cuh`) against
+//! qwen-model's CPU delta rule: a cross-crate test.
 //!
 //! Host tests: the header's gate math, triangular solve and whole-chunk algorithm (compiled as
 //! host C++ into the test shim) against qwen-model's CPU delta rule: the sequential recurrence
 //! (the oracle) and the CPU's chunked form.
 //!
-//! GPU tests (`#[ignore]`d; `cargo test -p pn-kernels --test delta_rule_chunked -- --ignored
+//! GPU tests (`#[ignore]`d; `cargo test -p pn-tests --test delta_rule_chunked -- --ignored
 //! --nocapture`; without a device they print why and pass): the kernel against the sequential
 //! kernel and the CPU recurrence on random and adversarial inputs, and a prefill bench line.
 
-mod common;
-
-use common::{random_vec, rng};
 use pn_kernels::host_shim::safe as shim;
 use pn_kernels::{DeltaRuleInputs, DeltaRuleShape};
+use pn_tests::{random_vec, rng};
 use qwen_model::cpu::kernels::{
     gdn_chunk_scratch_len, gdn_chunked_heads, gdn_gates, gdn_recurrent_heads, sigmoid, softplus,
 };
@@ -458,7 +457,8 @@ fn kernel_source_emulated_on_host_matches_cpu() {
     }
 }
 
-#[cfg(feature = "cuda")]
+// pn-kernels is a dev-dependency of this crate with its default `cuda` feature (the launch
+// wrappers), so the GPU tests always build here.
 mod gpu {
     use super::*;
     use pn_kernels::cudarc::driver::{CudaSlice, CudaStream};
