@@ -162,7 +162,7 @@ fn logits_b(m: &Model<CpuBackend>, kt: KvCacheType, vt: KvCacheType) -> Vec<f32>
 #[test]
 fn quantized_kv_logits_stay_within_bounds_of_f32() {
     let m = Model::load(tiny("model-f16.gguf"), CpuBackend::new(2)).expect("tiny model");
-    let want = read_f32(&tiny("logits_b.f32"));
+    let want = read_f32(tiny("logits_b.f32"));
     let v = m.config.vocab;
     use KvCacheType::*;
     for (kt, vt, bound) in [

@@ -554,31 +554,12 @@ fn matmul_and_embed_match_cpu() {
     }
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn read_tokens(p: &Path) -> Vec<u32> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn all_logits<B: Backend>(
     m: &Model<B>,
     tokens: &[u32],
     pieces: &[usize],
     kv: KvCacheType,
 ) -> Vec<f32> {
-fn all_logits<B: Backend>(m: &Model<B>, tokens: &[u32], pieces: &[usize], kv: KvType) -> Vec<f32> {
     let v = m.config.vocab;
     let mut state = m.new_state_with_kv(tokens.len(), kv).unwrap();
     let mut ws = m.new_workspace(64).unwrap();
@@ -602,8 +583,8 @@ fn all_logits<B: Backend>(m: &Model<B>, tokens: &[u32], pieces: &[usize], kv: Kv
 fn tiny_model_matches_oracle_logits() {
     let Some(g) = gpu() else { return };
     let m = Model::load(tiny("model-f16.gguf"), g).expect("load tiny model on the GPU");
-    let tokens = read_tokens(&tiny("tokens_a.json"));
-    let want = read_f32(&tiny("logits_a.f32"));
+    let tokens = read_tokens(tiny("tokens_a.json"));
+    let want = read_f32(tiny("logits_a.f32"));
     // Whole prefill, then token-by-token decode, then a mix.
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..], &[5, 1, 10][..]] {
@@ -634,7 +615,7 @@ fn pn3_model_gpu_matches_cpu() {
     .expect("quantize the tiny model");
     let cpu = Model::load(&out, CpuBackend::new(2)).unwrap();
     let gpu = Model::load(&out, g).unwrap();
-    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let tokens = read_tokens(tiny("tokens_a.json"));
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..]] {
         let want = all_logits(&cpu, &tokens, pieces, KvCacheType::F32);
