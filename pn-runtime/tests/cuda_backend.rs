@@ -8,8 +8,8 @@ use gguf_io::GgmlType;
 use qwen_model::cpu::CpuKv;
 use qwen_model::cuda::{CudaBackend, MemoryPlan};
 use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, KvType, Model, ModelConfig, Outputs,
-    RopeLayout, WeightSource,
+    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, Model, ModelConfig, Outputs, RopeLayout,
+    WeightSource,
 };
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -53,13 +53,13 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
 
 fn buf<B: Backend>(be: &B, v: &[f32]) -> B::Buf {
     let mut b = be.alloc(v.len()).unwrap();
-    be.upload(v, &mut b, 0);
+    be.upload(v, &mut b, 0).unwrap();
     b
 }
 
 fn get<B: Backend>(be: &B, b: &B::Buf, n: usize) -> Vec<f32> {
     let mut v = vec![0.0; n];
-    be.download(b, 0, &mut v);
+    be.download(b, 0, &mut v).unwrap();
     v
 }
 
@@ -69,9 +69,6 @@ macro_rules! on_both {
         let cpu = CpuBackend::new(2);
         let want = $f(&cpu, $($arg),*);
         let got = $f($g, $($arg),*);
-        if let Some(e) = $g.take_error() {
-            panic!("CUDA op failed: {e}");
-        }
         (got, want)
     }};
 }
@@ -85,9 +82,9 @@ fn check(name: &str, got: &[f32], want: &[f32], tol: f32) {
 fn elementwise<B: Backend>(be: &B, n: usize) -> Vec<f32> {
     let (x, y) = (rnd(1, n, 4.0), rnd(2, n, 4.0));
     let (mut a, b) = (buf(be, &x), buf(be, &y));
-    be.add(&mut a, &b, n);
+    be.add(&mut a, &b, n).unwrap();
     let mut g = buf(be, &x);
-    be.swiglu(&mut g, &b, n);
+    be.swiglu(&mut g, &b, n).unwrap();
     let mut out = get(be, &a, n);
     out.extend(get(be, &g, n));
     out
@@ -107,13 +104,15 @@ fn norms<B: Backend>(be: &B, rows: usize, n: usize) -> Vec<f32> {
     let (x, w, z) = (rnd(3, rows * n, 3.0), rnd(4, n, 1.5), rnd(5, rows * n, 3.0));
     let (xb, wb, zb) = (buf(be, &x), buf(be, &w), buf(be, &z));
     let mut o = be.alloc(rows * n).unwrap();
-    be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6);
+    be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6).unwrap();
     let mut out = get(be, &o, rows * n);
     let mut s = buf(be, &x);
-    be.rms_norm_strided(&mut s, &wb, n / 2, n, rows, 1e-6);
+    be.rms_norm_strided(&mut s, &wb, n / 2, n, rows, 1e-6)
+        .unwrap();
     out.extend(get(be, &s, rows * n));
     let mut gx = buf(be, &x);
-    be.gated_rms_norm(&mut gx, &zb, &wb, rows * n, n, 1e-6);
+    be.gated_rms_norm(&mut gx, &zb, &wb, rows * n, n, 1e-6)
+        .unwrap();
     out.extend(get(be, &gx, rows * n));
     out
 }
@@ -137,10 +136,10 @@ fn rope_hadamard<B: Backend>(be: &B, tokens: usize, pos0: usize, block: usize) -
     };
     let x = rnd(6, tokens * 3072, 2.0);
     let mut b = buf(be, &x);
-    be.rope(&mut b, &l, tokens, pos0, 1e7);
+    be.rope(&mut b, &l, tokens, pos0, 1e7).unwrap();
     let mut out = get(be, &b, tokens * 3072);
     let mut h = buf(be, &x);
-    be.hadamard(&mut h, tokens * 3072, block);
+    be.hadamard(&mut h, tokens * 3072, block).unwrap();
     out.extend(get(be, &h, tokens * 3072));
     out
 }
@@ -160,7 +159,7 @@ fn rope_and_hadamard_match_cpu() {
     }
 }
 
-fn attention<B: Backend>(be: &B, kv: KvType, n_tokens: usize, pos0: usize) -> Vec<f32> {
+fn attention<B: Backend>(be: &B, kv: KvCacheType, n_tokens: usize, pos0: usize) -> Vec<f32> {
     let (hq, hkv, dh) = (6, 2, 256);
     let l = AttnLayout {
         n_q_heads: hq,
@@ -176,13 +175,15 @@ fn attention<B: Backend>(be: &B, kv: KvType, n_tokens: usize, pos0: usize) -> Ve
     let total = pos0 + n_tokens;
     let k = buf(be, &rnd(7, total * hkv * dh, 2.0));
     let v = buf(be, &rnd(8, total * hkv * dh, 2.0));
-    be.kv_write(&k, &mut kc, 0, total * hkv * dh);
-    be.kv_write(&v, &mut vc, 0, total * hkv * dh);
+    be.kv_write(&k, &mut kc, 0, total * hkv * dh).unwrap();
+    be.kv_write(&v, &mut vc, 0, total * hkv * dh).unwrap();
     let q = buf(be, &rnd(9, n_tokens * 2 * hq * dh, 2.0));
     let mut o = be.alloc(n_tokens * hq * dh).unwrap();
-    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0);
+    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0)
+        .unwrap();
     let gate = buf(be, &rnd(10, n_tokens * 2 * hq * dh, 3.0));
-    be.sigmoid_gate(&mut o, &gate, n_tokens, hq, dh, dh, 2 * hq * dh, 2 * dh);
+    be.sigmoid_gate(&mut o, &gate, n_tokens, hq, dh, dh, 2 * hq * dh, 2 * dh)
+        .unwrap();
     get(be, &o, n_tokens * hq * dh)
 }
 
@@ -190,7 +191,7 @@ fn attention<B: Backend>(be: &B, kv: KvType, n_tokens: usize, pos0: usize) -> Ve
 #[ignore = "needs a CUDA GPU"]
 fn attention_matches_cpu() {
     let Some(g) = gpu() else { return };
-    for kv in [KvType::F32, KvType::F16] {
+    for kv in [KvCacheType::F32, KvCacheType::F16] {
         for (t, p0) in [
             (1, 0),
             (1, 1),
@@ -230,8 +231,8 @@ fn attention_kv<B: Backend>(
         scale: 1.0 / 16.0,
     };
     let cap = pos0 + n_tokens + 5;
-    let mut kc = be.alloc_kv_cache(cap * hkv * dh, kt).unwrap();
-    let mut vc = be.alloc_kv_cache(cap * hkv * dh, kt).unwrap();
+    let mut kc = be.alloc_kv(cap * hkv * dh, kt).unwrap();
+    let mut vc = be.alloc_kv(cap * hkv * dh, kt).unwrap();
     let total = pos0 + n_tokens;
     let k = buf(be, &rnd(seed, total * hkv * dh, 2.0));
     let v = buf(be, &rnd(seed + 1, total * hkv * dh, 2.0));
@@ -240,15 +241,18 @@ fn attention_kv<B: Backend>(
     let split = pos0 * row;
     let mut k_step = be.alloc(n_tokens * row).unwrap();
     let mut v_step = be.alloc(n_tokens * row).unwrap();
-    be.copy(&k, split, &mut k_step, 0, n_tokens * row);
-    be.copy(&v, split, &mut v_step, 0, n_tokens * row);
-    be.kv_write(&k, &mut kc, 0, split);
-    be.kv_write(&v, &mut vc, 0, split);
-    be.kv_write(&k_step, &mut kc, split, n_tokens * row);
-    be.kv_write(&v_step, &mut vc, split, n_tokens * row);
+    be.copy(&k, split, &mut k_step, 0, n_tokens * row).unwrap();
+    be.copy(&v, split, &mut v_step, 0, n_tokens * row).unwrap();
+    be.kv_write(&k, &mut kc, 0, split).unwrap();
+    be.kv_write(&v, &mut vc, 0, split).unwrap();
+    be.kv_write(&k_step, &mut kc, split, n_tokens * row)
+        .unwrap();
+    be.kv_write(&v_step, &mut vc, split, n_tokens * row)
+        .unwrap();
     let q = buf(be, &rnd(seed + 2, n_tokens * 2 * hq * dh, 2.0));
     let mut o = be.alloc(n_tokens * hq * dh).unwrap();
-    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0);
+    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0)
+        .unwrap();
     get(be, &o, n_tokens * hq * dh)
 }
 
@@ -367,19 +371,16 @@ fn quantized_kv_write_equals_cpu_bytes() {
     }
     for kt in [KvCacheType::Q8_0, KvCacheType::Q4_0] {
         let (mut kg, mut kc) = (
-            g.alloc_kv_cache((rows + 3) * 256, kt).unwrap(),
-            cpu.alloc_kv_cache((rows + 3) * 256, kt).unwrap(),
+            g.alloc_kv((rows + 3) * 256, kt).unwrap(),
+            cpu.alloc_kv((rows + 3) * 256, kt).unwrap(),
         );
         // Two writes at different offsets (whole 256-value rows, as the graph writes them).
         for (off, len) in [(0, 7 * 256), (7 * 256, (rows - 7) * 256)] {
             let (mut sg, mut sc) = (g.alloc(len).unwrap(), cpu.alloc(len).unwrap());
-            g.upload(&x[off..off + len], &mut sg, 0);
-            cpu.upload(&x[off..off + len], &mut sc, 0);
-            g.kv_write(&sg, &mut kg, off + 256, len);
-            cpu.kv_write(&sc, &mut kc, off + 256, len);
-        }
-        if let Some(e) = g.take_error() {
-            panic!("CUDA op failed: {e}");
+            g.upload(&x[off..off + len], &mut sg, 0).unwrap();
+            cpu.upload(&x[off..off + len], &mut sc, 0).unwrap();
+            g.kv_write(&sg, &mut kg, off + 256, len).unwrap();
+            cpu.kv_write(&sc, &mut kc, off + 256, len).unwrap();
         }
         let got = g.download_kv(&kg).unwrap();
         let want = cpu_kv_bytes(&kc);
@@ -407,7 +408,7 @@ fn memory_plan_counts_quantized_kv_blocks() {
         }
     }
     assert_eq!(
-        MemoryPlan::new(&file, &cfg, 1024, 16, KvType::F16).kv_cache,
+        MemoryPlan::new(&file, &cfg, 1024, 16, KvCacheType::F16).kv_cache,
         plan(KvCacheType::F16, KvCacheType::F16).kv_cache
     );
     assert!(
@@ -429,7 +430,8 @@ fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
     let w = buf(be, &rnd(12, 4 * cd, 0.5));
     let mut cs = buf(be, &rnd(13, 3 * cd, 1.0));
     let mut y = be.alloc(n_tokens * cd).unwrap();
-    be.conv1d_silu(&u, &w, &mut cs, &mut y, n_tokens, cd, 4);
+    be.conv1d_silu(&u, &w, &mut cs, &mut y, n_tokens, cd, 4)
+        .unwrap();
     let mut b = buf(be, &rnd(14, n_tokens * 6, 3.0));
     let mut al = buf(be, &rnd(15, n_tokens * 6, 3.0));
     let a: Vec<f32> = rnd(16, 6, 1.0)
@@ -442,7 +444,8 @@ fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
     let mut o = be.alloc(n_tokens * d.value_dim()).unwrap();
     be.gated_delta_rule(
         &mut y, &mut b, &mut al, &a, &dt, &mut st, &mut o, &d, n_tokens,
-    );
+    )
+    .unwrap();
     let mut out = get(be, &o, n_tokens * d.value_dim());
     out.extend(get(be, &st, d.state_len()));
     out.extend(get(be, &cs, 3 * cd));
@@ -597,7 +600,12 @@ fn read_tokens(p: &Path) -> Vec<u32> {
         .collect()
 }
 
-fn all_logits<B: Backend>(m: &Model<B>, tokens: &[u32], pieces: &[usize], kv: KvType) -> Vec<f32> {
+fn all_logits<B: Backend>(
+    m: &Model<B>,
+    tokens: &[u32],
+    pieces: &[usize],
+    kv: KvCacheType,
+) -> Vec<f32> {
     let v = m.config.vocab;
     let mut state = m.new_state_with_kv(tokens.len(), kv).unwrap();
     let mut ws = m.new_workspace(64).unwrap();
@@ -626,10 +634,7 @@ fn tiny_model_matches_oracle_logits() {
     // Whole prefill, then token-by-token decode, then a mix.
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..], &[5, 1, 10][..]] {
-        let got = all_logits(&m, &tokens, pieces, KvType::F32);
-        if let Some(e) = m.backend.take_error() {
-            panic!("CUDA op failed: {e}");
-        }
+        let got = all_logits(&m, &tokens, pieces, KvCacheType::F32);
         check(
             &format!("tiny oracle logits, pieces {pieces:?}"),
             &got,
@@ -659,11 +664,8 @@ fn pn3_model_gpu_matches_cpu() {
     let tokens = read_tokens(&tiny("tokens_a.json"));
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..]] {
-        let want = all_logits(&cpu, &tokens, pieces, KvType::F32);
-        let got = all_logits(&gpu, &tokens, pieces, KvType::F32);
-        if let Some(e) = gpu.backend.take_error() {
-            panic!("CUDA op failed: {e}");
-        }
+        let want = all_logits(&cpu, &tokens, pieces, KvCacheType::F32);
+        let got = all_logits(&gpu, &tokens, pieces, KvCacheType::F32);
         let (lo, hi) = want
             .iter()
             .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
@@ -711,14 +713,15 @@ fn rotations<B: Backend>(be: &B, rows: usize, n: usize, block: usize, fused: boo
     let (gb, ub) = (buf(be, &g), buf(be, &u));
     let mut s = buf(be, &vec![f32::NAN; len]);
     if fused {
-        be.rms_norm_hadamard(&xb, &wb, &mut o, rows, n, 1e-6, block);
-        be.swiglu_hadamard(&gb, &ub, &mut s, len, block);
+        be.rms_norm_hadamard(&xb, &wb, &mut o, rows, n, 1e-6, block)
+            .unwrap();
+        be.swiglu_hadamard(&gb, &ub, &mut s, len, block).unwrap();
     } else {
-        be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6);
-        be.hadamard(&mut o, len, block);
-        be.copy(&gb, 0, &mut s, 0, len);
-        be.swiglu(&mut s, &ub, len);
-        be.hadamard(&mut s, len, block);
+        be.rms_norm(&xb, &wb, &mut o, rows, n, 1e-6).unwrap();
+        be.hadamard(&mut o, len, block).unwrap();
+        be.copy(&gb, 0, &mut s, 0, len).unwrap();
+        be.swiglu(&mut s, &ub, len).unwrap();
+        be.hadamard(&mut s, len, block).unwrap();
     }
     let mut out = get(be, &o, len);
     out.extend(get(be, &s, len));
@@ -746,9 +749,6 @@ fn fused_rotations_match_cpu_separate_ops() {
     ] {
         let want = rotations(&cpu, rows, n, block, false);
         let got = rotations(&g, rows, n, block, true);
-        if let Some(e) = g.take_error() {
-            panic!("CUDA op failed ({rows}x{n}, R={block}): {e}");
-        }
         let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
         check(
             &format!("fused rotations {rows}x{n} R={block}"),

@@ -6,7 +6,7 @@
 //! `scripts/gpu-check.sh`). Without kernels, driver or device each test prints why and returns.
 
 use pn_runtime::engine::{
-    Device, Engine, EngineOptions, KvType, Session, Speculation, StopConditions,
+    Device, Engine, EngineOptions, KvCacheType, Session, Speculation, StopConditions,
 };
 use pn_runtime::sampling::SamplingParams;
 use qwen_model::cuda::CudaBackend;
@@ -279,7 +279,7 @@ fn f16_and_q8_0_kv_caches_run_on_cuda() {
     if !have_gpu() {
         return;
     }
-    for kv in [KvType::F16, KvType::Q8_0] {
+    for kv in [KvCacheType::F16, KvCacheType::Q8_0] {
         let with_kv = |device| EngineOptions {
             kv_type_k: kv,
             kv_type_v: kv,

@@ -504,7 +504,7 @@ fn a_prompt_longer_than_the_context_is_an_error() {
 
 #[test]
 fn quantized_kv_caches_stay_close_to_f32() {
-    use pn_runtime::engine::KvType;
+    use pn_runtime::engine::KvCacheType;
     let tokens: Vec<u32> = ids(&json("demo-code-model/tokens_val.json")["tokens"])
         .into_iter()
         .take(64)
@@ -513,9 +513,9 @@ fn quantized_kv_caches_stay_close_to_f32() {
     // Bounds measured on this model (max abs logit difference against the f32 cache, logits up
     // to ~16): q8_0 is a few 1e-2 at most, q4_0 a few 1e-1; both far below what would move text.
     for (k, v, bound) in [
-        (KvType::F16, KvType::F16, 5e-3),
-        (KvType::Q8_0, KvType::Q8_0, 0.1),
-        (KvType::Q4_0, KvType::Q4_0, 1.0),
+        (KvCacheType::F16, KvCacheType::F16, 5e-3),
+        (KvCacheType::Q8_0, KvCacheType::Q8_0, 0.1),
+        (KvCacheType::Q4_0, KvCacheType::Q4_0, 1.0),
     ] {
         let engine = Engine::load(
             pn_runtime::DEMO_MODEL_F16_PATH,

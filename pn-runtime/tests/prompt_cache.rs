@@ -186,7 +186,7 @@ fn eviction_keeps_the_cache_bounded() {
         assert_eq!(s.prompt_cache_positions().len(), 4);
         assert_eq!(s.prompt_cache_positions().last(), Some(&end));
     }
-    s.reset();
+    s.reset().unwrap();
     assert!(s.prompt_cache_positions().is_empty());
     assert_eq!(s.prompt_cache_bytes(), 0);
     // Disabled: no checkpoints; an extension of the live state is still reused.

@@ -455,7 +455,7 @@ fn sampled_runs(
     }
     (0..n as u64)
         .map(|seed| {
-            s.reset();
+            s.reset().unwrap();
             gen(
                 &mut s,
                 prompt.to_vec(),

@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             order.swap(i, (seed % (i as u64 + 1)) as usize);
         }
         for &m in &order {
-            state.restore(&model.config, &model.backend, &snap);
+            state.restore(&model.config, &model.backend, &snap).unwrap();
             let toks: Vec<u32> = (0..m as u32).map(|i| (i * 101 + 7) % v as u32).collect();
             let t = Instant::now();
             let c = thread_cpu_ns();

@@ -5,6 +5,7 @@
 //! buffer holds f32 values laid out row-major, one row per token; ops take the number of rows
 //! (tokens) they act on, so a workspace sized for the largest batch serves every call.
 
+use crate::config::ModelConfig;
 use crate::error::ModelError;
 use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
@@ -97,21 +98,8 @@ impl<T> GdnRowScratch<T> {
     }
 }
 
-/// Storage precision of a KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// f32 (exact; what the oracle tests use).
-    #[default]
-    F32,
-    /// f16 (half the memory; rounds keys and values to 11 significant bits).
-    F16,
-}
-
-/// Storage type of one KV cache (K or V), including the block-quantized ones.
-///
-/// A superset of [`KvType`] (kept as it is so existing backends still match it exhaustively):
-/// backends that only store f32/f16 get the quantized types refused by the default
-/// [`Backend::alloc_kv_cache`].
+/// Storage type of one KV cache (K or V): the float types and the block-quantized ones. A
+/// backend declares which it stores in [`Backend::supports`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvCacheType {
     /// f32 (exact).
@@ -162,24 +150,6 @@ impl KvCacheType {
             Self::Q4_0 => "q4_0",
         }
     }
-
-    /// The plain float type, if this is one.
-    pub fn as_float(self) -> Option<KvType> {
-        match self {
-            Self::F32 => Some(KvType::F32),
-            Self::F16 => Some(KvType::F16),
-            Self::Q8_0 | Self::Q4_0 => None,
-        }
-    }
-}
-
-impl From<KvType> for KvCacheType {
-    fn from(t: KvType) -> Self {
-        match t {
-            KvType::F32 => Self::F32,
-            KvType::F16 => Self::F16,
-        }
-    }
 }
 
 impl std::fmt::Display for KvCacheType {
@@ -224,25 +194,125 @@ pub struct WeightSource<'a> {
     pub file: Option<&'a Arc<GgufFile>>,
 }
 
+/// What a model (and, once a state is made, its KV caches) asks of a backend: the shapes its
+/// kernels must take and the cache storage types. [`Backend::supports`] checks it before any
+/// buffer is allocated, so a limit of the backend is a load-time error naming it, never a
+/// failed op in the middle of a forward pass (as ggml's `supports_op`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requirements {
+    /// Head dim of the full-attention layers (q, k and v).
+    pub attn_head_dim: usize,
+    /// Query heads of the full-attention layers.
+    pub n_q_heads: usize,
+    /// Key/value heads of the full-attention layers.
+    pub n_kv_heads: usize,
+    /// Shape of the Gated DeltaNet layers (head dims, conv kernel).
+    pub gdn: GdnDims,
+    /// K and V cache storage types, once a state is asked for (`None`: binding weights only).
+    pub kv: Option<(KvCacheType, KvCacheType)>,
+}
+
+impl Requirements {
+    /// What the model `config` asks of a backend, without a KV cache.
+    pub fn model(config: &ModelConfig) -> Requirements {
+        Requirements {
+            attn_head_dim: config.head_dim,
+            n_q_heads: config.n_q_heads,
+            n_kv_heads: config.n_kv_heads,
+            gdn: config.gdn,
+            kv: None,
+        }
+    }
+
+    /// These requirements plus K and V caches of types `k` and `v`.
+    pub fn with_kv(self, k: KvCacheType, v: KvCacheType) -> Requirements {
+        Requirements {
+            kv: Some((k, v)),
+            ..self
+        }
+    }
+}
+
+/// A limit of a backend that a model or state asks past ([`Backend::supports`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unsupported {
+    /// A kernel is written for one size of a dimension and the model has another.
+    #[error("{backend} {op} kernels take {what} {supported}, the model has {found}")]
+    Shape {
+        /// The backend's name.
+        backend: String,
+        /// The op family (`attention`, `gated delta rule`, `conv1d`).
+        op: &'static str,
+        /// The dimension (`head_dim`, `key head dim`...).
+        what: &'static str,
+        /// The size the kernels take.
+        supported: usize,
+        /// The model's size.
+        found: usize,
+    },
+    /// A KV cache storage type the backend cannot store.
+    #[error("KV cache type {ty} not supported by backend {backend} (supported: {})", names(.supported))]
+    KvType {
+        /// The backend's name.
+        backend: String,
+        /// The type asked for.
+        ty: KvCacheType,
+        /// The types the backend stores.
+        supported: Vec<KvCacheType>,
+    },
+    /// K and V caches of different types on a backend whose attention reads one type for both.
+    #[error("backend {backend} needs K and V caches of one type, asked for K {k} and V {v}")]
+    MixedKvTypes {
+        /// The backend's name.
+        backend: String,
+        /// The K cache type asked for.
+        k: KvCacheType,
+        /// The V cache type asked for.
+        v: KvCacheType,
+    },
+}
+
+/// `f32, f16, ...`
+fn names(types: &[KvCacheType]) -> String {
+    types
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The ops the forward graph needs. Implementations must give results equal to the CPU
 /// reference up to f32 rounding.
+///
+/// Every op returns a `Result`: a device backend reports a failed launch or copy where it
+/// happens, and the graph propagates it with `?`. Limits a backend has on shapes and storage
+/// types are declared up front by [`Backend::supports`].
 pub trait Backend: Send + Sync {
     /// An f32 buffer resident where the backend computes.
     type Buf: Send;
     /// A weight matrix resident where the backend computes, in its stored format.
     type Weight: Send + Sync;
-    /// A KV cache buffer (f32 or f16 elements, see [`KvType`]).
+    /// A KV cache buffer (elements of one [`KvCacheType`]).
     type KvBuf: Send;
 
     /// A short human-readable name ("cpu (2 threads)").
     fn name(&self) -> String;
 
+    /// Whether this backend can run a model asking for `req` (head sizes, KV cache types), or
+    /// the limit it asks past. Called when a model is bound and when a state is made, before
+    /// anything is allocated. The default accepts everything.
+    fn supports(&self, req: &Requirements) -> Result<(), Unsupported> {
+        let _ = req;
+        Ok(())
+    }
+
     /// A zero-filled buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buf, ModelError>;
     /// Writes `src` into `dst[offset..offset + src.len()]`.
-    fn upload(&self, src: &[f32], dst: &mut Self::Buf, offset: usize);
-    /// Reads `dst.len()` floats from `src[offset..]`.
-    fn download(&self, src: &Self::Buf, offset: usize, dst: &mut [f32]);
+    fn upload(&self, src: &[f32], dst: &mut Self::Buf, offset: usize) -> Result<(), ModelError>;
+    /// Reads `dst.len()` floats from `src[offset..]` (after every enqueued op).
+    fn download(&self, src: &Self::Buf, offset: usize, dst: &mut [f32]) -> Result<(), ModelError>;
     /// Copies `len` floats `src[src_off..]` -> `dst[dst_off..]`.
     fn copy(
         &self,
@@ -251,27 +321,22 @@ pub trait Backend: Send + Sync {
         dst: &mut Self::Buf,
         dst_off: usize,
         len: usize,
-    );
+    ) -> Result<(), ModelError>;
     /// Sets the first `len` floats to zero.
-    fn zero(&self, buf: &mut Self::Buf, len: usize);
+    fn zero(&self, buf: &mut Self::Buf, len: usize) -> Result<(), ModelError>;
 
-    /// A zero-filled KV cache buffer of `len` elements.
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<Self::KvBuf, ModelError>;
+    /// A zero-filled KV cache buffer of `len` elements of type `ty` (`len` a multiple of the
+    /// type's block length).
+    fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<Self::KvBuf, ModelError>;
     /// Writes `len` floats of `src` into the cache at element `dst_off` (converting). For a
     /// block-quantized cache `dst_off` and `len` are multiples of the block length.
-    fn kv_write(&self, src: &Self::Buf, dst: &mut Self::KvBuf, dst_off: usize, len: usize);
-    /// A zero-filled KV cache buffer of `len` elements of any [`KvCacheType`]. The default
-    /// serves the float types through [`Backend::alloc_kv`] and refuses the quantized ones;
-    /// backends whose attention reads quantized blocks override it.
-    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<Self::KvBuf, ModelError> {
-        match ty.as_float() {
-            Some(f) => self.alloc_kv(len, f),
-            None => Err(ModelError::Backend(format!(
-                "backend {} has no {ty} KV cache",
-                self.name()
-            ))),
-        }
-    }
+    fn kv_write(
+        &self,
+        src: &Self::Buf,
+        dst: &mut Self::KvBuf,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError>;
 
     /// Makes a weight matrix resident (zero copy where possible).
     fn load_weight(&self, src: &WeightSource<'_>) -> Result<Self::Weight, ModelError>;
@@ -296,7 +361,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), ModelError>;
 
     /// In-place Walsh-Hadamard rotation of `len` floats in blocks of `block` (orthonormal).
-    fn hadamard(&self, x: &mut Self::Buf, len: usize, block: usize);
+    fn hadamard(&self, x: &mut Self::Buf, len: usize, block: usize) -> Result<(), ModelError>;
 
     /// RMSNorm of each `n`-float row of the first `rows` rows: `out = x / rms(x) * w`.
     fn rms_norm(
@@ -307,7 +372,7 @@ pub trait Backend: Send + Sync {
         rows: usize,
         n: usize,
         eps: f32,
-    );
+    ) -> Result<(), ModelError>;
     /// In-place RMSNorm of `count` rows of `n` floats spaced `stride` apart (per-head q/k norm).
     fn rms_norm_strided(
         &self,
@@ -317,7 +382,7 @@ pub trait Backend: Send + Sync {
         stride: usize,
         count: usize,
         eps: f32,
-    );
+    ) -> Result<(), ModelError>;
     /// Gated RMSNorm in place: each `n`-float row `x = rms(x) * w * silu(z)`, over `len` floats.
     fn gated_rms_norm(
         &self,
@@ -327,7 +392,7 @@ pub trait Backend: Send + Sync {
         len: usize,
         n: usize,
         eps: f32,
-    );
+    ) -> Result<(), ModelError>;
 
     /// NeoX partial RoPE in place for `n_tokens` tokens at positions `pos0..`.
     fn rope(
@@ -337,7 +402,7 @@ pub trait Backend: Send + Sync {
         n_tokens: usize,
         pos0: usize,
         theta: f32,
-    );
+    ) -> Result<(), ModelError>;
 
     /// Causal GQA attention of `n_tokens` query tokens at positions `pos0..` against the cache
     /// (which already holds positions `0..pos0 + n_tokens`); output `[n_tokens, Hq * head_dim]`.
@@ -351,7 +416,7 @@ pub trait Backend: Send + Sync {
         layout: &AttnLayout,
         n_tokens: usize,
         pos0: usize,
-    );
+    ) -> Result<(), ModelError>;
     /// `x[t, h, :] *= sigmoid(gate[gate_offset + t * gate_token_stride + h * gate_head_stride ..])`.
     #[allow(clippy::too_many_arguments)]
     fn sigmoid_gate(
@@ -364,7 +429,7 @@ pub trait Backend: Send + Sync {
         gate_offset: usize,
         gate_token_stride: usize,
         gate_head_stride: usize,
-    );
+    ) -> Result<(), ModelError>;
 
     /// Causal depthwise conv1d + SiLU over `n_tokens` rows of `u` into `y`, with the conv state
     /// (last `kernel - 1` pre-conv rows) read and updated.
@@ -378,7 +443,7 @@ pub trait Backend: Send + Sync {
         n_tokens: usize,
         channels: usize,
         kernel: usize,
-    );
+    ) -> Result<(), ModelError>;
 
     /// The Gated DeltaNet core for `n_tokens` tokens: L2-normalises q/k of `y` in place (and
     /// scales q), turns `b`/`alpha` into beta and log-decay in place, runs the gated delta rule
@@ -396,7 +461,7 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
         dims: &GdnDims,
         n_tokens: usize,
-    );
+    ) -> Result<(), ModelError>;
 
     /// [`Backend::gated_delta_rule`] that also records the recurrent state after each of the
     /// `n_tokens` rows into `trace` (row `t`'s state at float `(trace_row0 + t) *
@@ -423,7 +488,7 @@ pub trait Backend: Send + Sync {
         trace: &mut Self::Buf,
         trace_row0: usize,
         scratch: &mut GdnRowScratch<Self::Buf>,
-    ) {
+    ) -> Result<(), ModelError> {
         let (cd, hv, vd, sl) = (
             dims.conv_dim(),
             dims.n_v_heads,
@@ -431,9 +496,9 @@ pub trait Backend: Send + Sync {
             dims.state_len(),
         );
         for t in 0..n_tokens {
-            self.copy(y, t * cd, &mut scratch.y, 0, cd);
-            self.copy(b, t * hv, &mut scratch.b, 0, hv);
-            self.copy(alpha, t * hv, &mut scratch.alpha, 0, hv);
+            self.copy(y, t * cd, &mut scratch.y, 0, cd)?;
+            self.copy(b, t * hv, &mut scratch.b, 0, hv)?;
+            self.copy(alpha, t * hv, &mut scratch.alpha, 0, hv)?;
             self.gated_delta_rule(
                 &mut scratch.y,
                 &mut scratch.b,
@@ -444,16 +509,17 @@ pub trait Backend: Send + Sync {
                 &mut scratch.out,
                 dims,
                 1,
-            );
-            self.copy(&scratch.out, 0, out, t * vd, vd);
-            self.copy(state, 0, trace, (trace_row0 + t) * sl, sl);
+            )?;
+            self.copy(&scratch.out, 0, out, t * vd, vd)?;
+            self.copy(state, 0, trace, (trace_row0 + t) * sl, sl)?;
         }
+        Ok(())
     }
 
     /// `gate = silu(gate) * up` over `len` floats.
-    fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize);
+    fn swiglu(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize) -> Result<(), ModelError>;
     /// `x += y` over `len` floats.
-    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize) -> Result<(), ModelError>;
 
     /// RMSNorm of the first `rows` rows of `n` floats, then the block-diagonal Walsh-Hadamard
     /// rotation (blocks of `block`, `n` a multiple of it) of the `rows * n` results:
@@ -471,9 +537,9 @@ pub trait Backend: Send + Sync {
         n: usize,
         eps: f32,
         block: usize,
-    ) {
-        self.rms_norm(x, w, out, rows, n, eps);
-        self.hadamard(out, rows * n, block);
+    ) -> Result<(), ModelError> {
+        self.rms_norm(x, w, out, rows, n, eps)?;
+        self.hadamard(out, rows * n, block)
     }
 
     /// `out = H(silu(gate) * up)` over `len` floats (`len` a multiple of `block`), the rotated
@@ -488,9 +554,9 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
         len: usize,
         block: usize,
-    ) {
-        self.copy(gate, 0, out, 0, len);
-        self.swiglu(out, up, len);
-        self.hadamard(out, len, block);
+    ) -> Result<(), ModelError> {
+        self.copy(gate, 0, out, 0, len)?;
+        self.swiglu(out, up, len)?;
+        self.hadamard(out, len, block)
     }
 }

@@ -90,6 +90,10 @@ pub enum ModelError {
     /// The model file has no MTP block but an MTP op was requested.
     #[error("the model has no MTP block (`nextn_predict_layers` is 0 or absent)")]
     NoMtp,
+    /// The backend cannot run this model or state: a kernel written for another head size, a
+    /// KV cache type it does not store ([`Backend::supports`](crate::Backend::supports)).
+    #[error(transparent)]
+    Unsupported(#[from] crate::backend::Unsupported),
     /// A backend failed (device allocation, launch).
     #[error("backend error: {0}")]
     Backend(String),

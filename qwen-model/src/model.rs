@@ -2,7 +2,7 @@
 //! (reference: `qwen38-architecture.md` sections 4 and 6).
 
 use crate::backend::GdnRowScratch;
-use crate::backend::{Backend, KvCacheType, KvType, RopeLayout};
+use crate::backend::{Backend, KvCacheType, Requirements, RopeLayout};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::state::{LayerState, State, StateTrace};
@@ -120,8 +120,8 @@ fn project<B: Backend, const N: usize>(
         let mut o = outs.map(|(m, b)| (&m.w, b));
         return be.matmul(x, rows, &mut o);
     }
-    be.copy(x, 0, rot, 0, rows * k);
-    be.hadamard(rot, rows * k, block);
+    be.copy(x, 0, rot, 0, rows * k)?;
+    be.hadamard(rot, rows * k, block)?;
     if n_rot == N {
         let mut o = outs.map(|(m, b)| (&m.w, b));
         return be.matmul(rot, rows, &mut o);
@@ -152,18 +152,18 @@ fn norm_project<B: Backend, const N: usize>(
 ) -> Result<(), ModelError> {
     let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
     if n_rot == 0 {
-        be.rms_norm(x, norm, normed, rows, n, eps);
+        be.rms_norm(x, norm, normed, rows, n, eps)?;
         let mut o = outs.map(|(m, b)| (&m.w, b));
         return be.matmul(normed, rows, &mut o);
     }
-    be.rms_norm_hadamard(x, norm, rot, rows, n, eps, block);
+    be.rms_norm_hadamard(x, norm, rot, rows, n, eps, block)?;
     if n_rot == N {
         let mut o = outs.map(|(m, b)| (&m.w, b));
         return be.matmul(rot, rows, &mut o);
     }
     // Mixed (GDN: PN qkv/gate, unquantized beta/alpha): the norm twice, both from `x`, costs
     // less than norm, copy and rotation, and gives the same bits.
-    be.rms_norm(x, norm, normed, rows, n, eps);
+    be.rms_norm(x, norm, normed, rows, n, eps)?;
     for (m, b) in outs {
         let src = if m.rotated { &*rot } else { &*normed };
         be.matmul(src, rows, &mut [(&m.w, b)])?;
@@ -181,6 +181,8 @@ impl<B: Backend> Model<B> {
     /// Binds an opened GGUF file.
     pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
+        // A head size the backend's kernels do not take fails here, before any upload.
+        backend.supports(&Requirements::model(&config))?;
         let weights = Weights::load(&file, &config, &backend)?;
         Ok(Model {
             config,
@@ -213,8 +215,12 @@ impl<B: Backend> Model<B> {
         State::new(&self.config, &self.backend, capacity)
     }
 
-    /// A new empty sequence state with a KV cache of type `kv`.
-    pub fn new_state_with_kv(&self, capacity: usize, kv: KvType) -> Result<State<B>, ModelError> {
+    /// A new empty sequence state with K and V caches of type `kv`.
+    pub fn new_state_with_kv(
+        &self,
+        capacity: usize,
+        kv: KvCacheType,
+    ) -> Result<State<B>, ModelError> {
         State::with_kv_type(&self.config, &self.backend, capacity, kv)
     }
 
@@ -394,10 +400,11 @@ impl<B: Backend> Model<B> {
             let mut save = |l: usize, x: &B::Buf| {
                 if let Some(r) = out.layer_residuals.as_deref_mut() {
                     let at = (l * n_tok + done) * d;
-                    self.backend.download(x, 0, &mut r[at..at + rows * d]);
+                    self.backend.download(x, 0, &mut r[at..at + rows * d])?;
                 }
+                Ok::<(), ModelError>(())
             };
-            save(0, &ws.x);
+            save(0, &ws.x)?;
             for (l, (lw, ls)) in self
                 .weights
                 .layers
@@ -415,7 +422,7 @@ impl<B: Backend> Model<B> {
                     })
                 });
                 self.block(lw, ls, ws, rows, pos0, pos0, lt)?;
-                save(l + 1, &ws.x);
+                save(l + 1, &ws.x)?;
             }
             state.pos += rows;
             let last = done + rows == tokens.len();
@@ -436,14 +443,14 @@ impl<B: Backend> Model<B> {
                         &ws.h,
                         0,
                         &mut h[first_out * d..(first_out + out_rows) * d],
-                    );
+                    )?;
                 }
                 if let Some(l) = out.logits.as_deref_mut() {
                     self.backend.download(
                         &ws.logits,
                         0,
                         &mut l[first_out * v..(first_out + out_rows) * v],
-                    );
+                    )?;
                 }
             }
             done += rows;
@@ -469,7 +476,7 @@ impl<B: Backend> Model<B> {
         let (src, n) = if all_rows {
             (&ws.x, rows)
         } else {
-            be.copy(&ws.x, (rows - 1) * d, &mut ws.e, 0, d);
+            be.copy(&ws.x, (rows - 1) * d, &mut ws.e, 0, d)?;
             (&ws.e, 1)
         };
         if logits && !hidden {
@@ -486,7 +493,7 @@ impl<B: Backend> Model<B> {
                 [(head, &mut ws.logits)],
             );
         }
-        be.rms_norm(src, norm, &mut ws.h, n, d, eps);
+        be.rms_norm(src, norm, &mut ws.h, n, d, eps)?;
         if logits {
             project(
                 be,
@@ -530,7 +537,7 @@ impl<B: Backend> Model<B> {
                 ))
             }
         }
-        be.add(&mut ws.x, &ws.mix, rows * d);
+        be.add(&mut ws.x, &ws.mix, rows * d)?;
         let f = &lw.ffn;
         norm_project(
             be,
@@ -546,10 +553,10 @@ impl<B: Backend> Model<B> {
         )?;
         if f.down.rotated {
             // Nothing reads the unrotated SwiGLU output: one fused op straight into `rot`.
-            be.swiglu_hadamard(&ws.gate, &ws.up, &mut ws.rot, rows * c.ffn, blk);
+            be.swiglu_hadamard(&ws.gate, &ws.up, &mut ws.rot, rows * c.ffn, blk)?;
             be.matmul(&ws.rot, rows, &mut [(&f.down.w, &mut ws.mix)])?;
         } else {
-            be.swiglu(&mut ws.gate, &ws.up, rows * c.ffn);
+            be.swiglu(&mut ws.gate, &ws.up, rows * c.ffn)?;
             project(
                 be,
                 &mut ws.rot,
@@ -559,7 +566,7 @@ impl<B: Backend> Model<B> {
                 [(&f.down, &mut ws.mix)],
             )?;
         }
-        be.add(&mut ws.x, &ws.mix, rows * d);
+        be.add(&mut ws.x, &ws.mix, rows * d)?;
         Ok(())
     }
 
@@ -593,8 +600,8 @@ impl<B: Backend> Model<B> {
             [(&aw.q, &mut ws.qg), (&aw.k, &mut ws.k), (&aw.v, &mut ws.v)],
         )?;
         // Per-head q/k RMSNorm, then RoPE on the first `rope_dims` dims (norm before rope).
-        be.rms_norm_strided(&mut ws.qg, &aw.q_norm, dh, 2 * dh, rows * hq, eps);
-        be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps);
+        be.rms_norm_strided(&mut ws.qg, &aw.q_norm, dh, 2 * dh, rows * hq, eps)?;
+        be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps)?;
         let q_rope = RopeLayout {
             n_heads: hq,
             head_stride: 2 * dh,
@@ -607,10 +614,10 @@ impl<B: Backend> Model<B> {
             token_stride: kv,
             n_rot: c.rope_dims,
         };
-        be.rope(&mut ws.qg, &q_rope, rows, rope_pos0, c.rope_theta);
-        be.rope(&mut ws.k, &k_rope, rows, rope_pos0, c.rope_theta);
-        be.kv_write(&ws.k, kc, cache_pos0 * kv, rows * kv);
-        be.kv_write(&ws.v, vc, cache_pos0 * kv, rows * kv);
+        be.rope(&mut ws.qg, &q_rope, rows, rope_pos0, c.rope_theta)?;
+        be.rope(&mut ws.k, &k_rope, rows, rope_pos0, c.rope_theta)?;
+        be.kv_write(&ws.k, kc, cache_pos0 * kv, rows * kv)?;
+        be.kv_write(&ws.v, vc, cache_pos0 * kv, rows * kv)?;
         be.attention(
             &ws.qg,
             kc,
@@ -619,7 +626,7 @@ impl<B: Backend> Model<B> {
             &c.attn_layout(),
             rows,
             cache_pos0,
-        );
+        )?;
         // Output gate: the second half of each head's q-projection slice, through a sigmoid.
         be.sigmoid_gate(
             &mut ws.attn,
@@ -630,7 +637,7 @@ impl<B: Backend> Model<B> {
             dh,
             c.q_proj_dim(),
             2 * dh,
-        );
+        )?;
         project(be, &mut ws.rot, blk, &ws.attn, rows, [(&aw.o, &mut ws.mix)])
     }
 
@@ -675,7 +682,7 @@ impl<B: Backend> Model<B> {
                 let dst = (t.row0 + r) * cl;
                 let from_old = hist.saturating_sub(r + 1);
                 if from_old > 0 {
-                    be.copy(conv, (r + 1) * cd, t.conv, dst, from_old * cd);
+                    be.copy(conv, (r + 1) * cd, t.conv, dst, from_old * cd)?;
                 }
                 let first_u = (r + 1).saturating_sub(hist);
                 be.copy(
@@ -684,7 +691,7 @@ impl<B: Backend> Model<B> {
                     t.conv,
                     dst + from_old * cd,
                     (hist - from_old) * cd,
-                );
+                )?;
             }
         }
         be.conv1d_silu(
@@ -695,7 +702,7 @@ impl<B: Backend> Model<B> {
             rows,
             g.conv_dim(),
             g.conv_kernel,
-        );
+        )?;
         match trace {
             None => be.gated_delta_rule(
                 &mut ws.y,
@@ -722,7 +729,7 @@ impl<B: Backend> Model<B> {
                 t.row0,
                 t.scratch,
             ),
-        }
+        }?;
         be.gated_rms_norm(
             &mut ws.o,
             &ws.z,
@@ -730,7 +737,7 @@ impl<B: Backend> Model<B> {
             rows * g.value_dim(),
             g.dv,
             c.rms_eps,
-        );
+        )?;
         project(be, &mut ws.rot, blk, &ws.o, rows, [(&gw.out, &mut ws.mix)])
     }
 
@@ -779,13 +786,13 @@ impl<B: Backend> Model<B> {
         for chunk in tokens.chunks(ws.max_rows) {
             let rows = chunk.len();
             be.embed(&embed.w, chunk, &mut ws.e)?;
-            be.upload(&hidden[done * d..(done + rows) * d], &mut ws.h, 0);
-            be.rms_norm(&ws.e, &mtp.enorm, &mut ws.a, rows, d, eps);
-            be.rms_norm(&ws.h, &mtp.hnorm, &mut ws.mix, rows, d, eps);
+            be.upload(&hidden[done * d..(done + rows) * d], &mut ws.h, 0)?;
+            be.rms_norm(&ws.e, &mtp.enorm, &mut ws.a, rows, d, eps)?;
+            be.rms_norm(&ws.h, &mtp.hnorm, &mut ws.mix, rows, d, eps)?;
             // eh_proj input: [enorm(embedding) ; hnorm(h)] per row (embedding first).
             for t in 0..rows {
-                be.copy(&ws.a, t * d, &mut ws.cat, 2 * t * d, d);
-                be.copy(&ws.mix, t * d, &mut ws.cat, 2 * t * d + d, d);
+                be.copy(&ws.a, t * d, &mut ws.cat, 2 * t * d, d)?;
+                be.copy(&ws.mix, t * d, &mut ws.cat, 2 * t * d + d, d)?;
             }
             project(
                 be,
@@ -819,14 +826,14 @@ impl<B: Backend> Model<B> {
                     out.hidden.is_some(),
                 )?;
                 if let Some(h) = out.hidden.as_deref_mut() {
-                    be.download(&ws.h, 0, &mut h[first_out * d..(first_out + out_rows) * d]);
+                    be.download(&ws.h, 0, &mut h[first_out * d..(first_out + out_rows) * d])?;
                 }
                 if let Some(l) = out.logits.as_deref_mut() {
                     be.download(
                         &ws.logits,
                         0,
                         &mut l[first_out * v..(first_out + out_rows) * v],
-                    );
+                    )?;
                 }
             }
             done += rows;

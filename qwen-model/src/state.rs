@@ -1,7 +1,7 @@
 //! Per-sequence state: the KV cache of the attention layers, the conv and recurrent state of the
 //! Gated DeltaNet layers, and the MTP block's own KV cache.
 
-use crate::backend::{Backend, GdnRowScratch, KvCacheType, KvType};
+use crate::backend::{Backend, GdnRowScratch, KvCacheType, Requirements};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::ModelError;
 
@@ -128,17 +128,17 @@ impl<B: Backend> StateTrace<B> {
 impl<B: Backend> State<B> {
     /// An empty state able to hold `capacity` positions, with an f32 KV cache.
     pub fn new(cfg: &ModelConfig, backend: &B, capacity: usize) -> Result<State<B>, ModelError> {
-        Self::with_kv_type(cfg, backend, capacity, KvType::F32)
+        Self::with_kv_type(cfg, backend, capacity, KvCacheType::F32)
     }
 
-    /// An empty state able to hold `capacity` positions, with a KV cache of type `kv`.
+    /// An empty state able to hold `capacity` positions, with K and V caches of type `kv_type`.
     pub fn with_kv_type(
         cfg: &ModelConfig,
         backend: &B,
         capacity: usize,
-        kv_type: KvType,
+        kv_type: KvCacheType,
     ) -> Result<State<B>, ModelError> {
-        Self::with_kv_types(cfg, backend, capacity, kv_type.into(), kv_type.into())
+        Self::with_kv_types(cfg, backend, capacity, kv_type, kv_type)
     }
 
     /// An empty state able to hold `capacity` positions, with keys stored as `k_type` and values
@@ -151,6 +151,8 @@ impl<B: Backend> State<B> {
         k_type: KvCacheType,
         v_type: KvCacheType,
     ) -> Result<State<B>, ModelError> {
+        // A cache type or head size the backend cannot run fails before any allocation.
+        backend.supports(&Requirements::model(cfg).with_kv(k_type, v_type))?;
         for t in [k_type, v_type] {
             if !cfg.head_dim.is_multiple_of(t.block_len()) {
                 return Err(ModelError::BadArgument(format!(
@@ -167,8 +169,8 @@ impl<B: Backend> State<B> {
             .map(|k| {
                 Ok(match k {
                     LayerKind::FullAttention => LayerState::Attention {
-                        k: backend.alloc_kv_cache(capacity * kv, k_type)?,
-                        v: backend.alloc_kv_cache(capacity * kv, v_type)?,
+                        k: backend.alloc_kv(capacity * kv, k_type)?,
+                        v: backend.alloc_kv(capacity * kv, v_type)?,
                     },
                     LayerKind::GatedDeltaNet => LayerState::DeltaNet {
                         conv: backend.alloc(cfg.gdn.conv_state_len())?,
@@ -179,8 +181,8 @@ impl<B: Backend> State<B> {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let mtp = if cfg.n_mtp > 0 {
             Some(LayerState::Attention {
-                k: backend.alloc_kv_cache(capacity * kv, k_type)?,
-                v: backend.alloc_kv_cache(capacity * kv, v_type)?,
+                k: backend.alloc_kv(capacity * kv, k_type)?,
+                v: backend.alloc_kv(capacity * kv, v_type)?,
             })
         } else {
             None
@@ -210,15 +212,16 @@ impl<B: Backend> State<B> {
     }
 
     /// Back to an empty sequence (zeroes the recurrent state; KV rows are overwritten later).
-    pub fn reset(&mut self, cfg: &ModelConfig, backend: &B) {
+    pub fn reset(&mut self, cfg: &ModelConfig, backend: &B) -> Result<(), ModelError> {
         for l in &mut self.layers {
             if let LayerState::DeltaNet { conv, ssm } = l {
-                backend.zero(conv, cfg.gdn.conv_state_len());
-                backend.zero(ssm, cfg.gdn.state_len());
+                backend.zero(conv, cfg.gdn.conv_state_len())?;
+                backend.zero(ssm, cfg.gdn.state_len())?;
             }
         }
         self.pos = 0;
         self.mtp_len = 0;
+        Ok(())
     }
 
     /// Drops MTP cache rows past `len` (rejected drafts).
@@ -235,8 +238,8 @@ impl<B: Backend> State<B> {
                 LayerState::DeltaNet { conv, ssm } => {
                     let mut c = backend.alloc(cfg.gdn.conv_state_len())?;
                     let mut s = backend.alloc(cfg.gdn.state_len())?;
-                    backend.copy(conv, 0, &mut c, 0, cfg.gdn.conv_state_len());
-                    backend.copy(ssm, 0, &mut s, 0, cfg.gdn.state_len());
+                    backend.copy(conv, 0, &mut c, 0, cfg.gdn.conv_state_len())?;
+                    backend.copy(ssm, 0, &mut s, 0, cfg.gdn.state_len())?;
                     Ok(Some((c, s)))
                 }
                 LayerState::Attention { .. } => Ok(None),
@@ -250,15 +253,21 @@ impl<B: Backend> State<B> {
     }
 
     /// Overwrites an existing snapshot (no allocation).
-    pub fn snapshot_into(&self, cfg: &ModelConfig, backend: &B, snap: &mut Snapshot<B>) {
+    pub fn snapshot_into(
+        &self,
+        cfg: &ModelConfig,
+        backend: &B,
+        snap: &mut Snapshot<B>,
+    ) -> Result<(), ModelError> {
         for (l, s) in self.layers.iter().zip(snap.layers.iter_mut()) {
             if let (LayerState::DeltaNet { conv, ssm }, Some((c, st))) = (l, s) {
-                backend.copy(conv, 0, c, 0, cfg.gdn.conv_state_len());
-                backend.copy(ssm, 0, st, 0, cfg.gdn.state_len());
+                backend.copy(conv, 0, c, 0, cfg.gdn.conv_state_len())?;
+                backend.copy(ssm, 0, st, 0, cfg.gdn.state_len())?;
             }
         }
         snap.pos = self.pos;
         snap.mtp_len = self.mtp_len;
+        Ok(())
     }
 
     /// Rolls back to the state after the first `rows` rows of the last traced pass
@@ -283,8 +292,8 @@ impl<B: Backend> State<B> {
         let r = rows - 1;
         for (l, t) in self.layers.iter_mut().zip(trace.layers.iter()) {
             if let (LayerState::DeltaNet { conv, ssm }, Some((tc, ts))) = (l, t) {
-                backend.copy(tc, r * cl, conv, 0, cl);
-                backend.copy(ts, r * sl, ssm, 0, sl);
+                backend.copy(tc, r * cl, conv, 0, cl)?;
+                backend.copy(ts, r * sl, ssm, 0, sl)?;
             }
         }
         self.pos = trace.pos0 + rows;
@@ -294,30 +303,36 @@ impl<B: Backend> State<B> {
 
     /// The conv and recurrent states of every GDN layer, downloaded and concatenated in layer
     /// order (conv then recurrent per layer): for tests and debugging comparing two states.
-    pub fn recurrent_state(&self, cfg: &ModelConfig, backend: &B) -> Vec<f32> {
+    pub fn recurrent_state(&self, cfg: &ModelConfig, backend: &B) -> Result<Vec<f32>, ModelError> {
         let (cl, sl) = (cfg.gdn.conv_state_len(), cfg.gdn.state_len());
         let mut v = Vec::new();
         for l in &self.layers {
             if let LayerState::DeltaNet { conv, ssm } = l {
                 let at = v.len();
                 v.resize(at + cl + sl, 0.0);
-                backend.download(conv, 0, &mut v[at..at + cl]);
-                backend.download(ssm, 0, &mut v[at + cl..]);
+                backend.download(conv, 0, &mut v[at..at + cl])?;
+                backend.download(ssm, 0, &mut v[at + cl..])?;
             }
         }
-        v
+        Ok(v)
     }
 
     /// Rolls back to `snap` (taken from this state). KV rows at or after the snapshot's
     /// position are dropped.
-    pub fn restore(&mut self, cfg: &ModelConfig, backend: &B, snap: &Snapshot<B>) {
+    pub fn restore(
+        &mut self,
+        cfg: &ModelConfig,
+        backend: &B,
+        snap: &Snapshot<B>,
+    ) -> Result<(), ModelError> {
         for (l, s) in self.layers.iter_mut().zip(snap.layers.iter()) {
             if let (LayerState::DeltaNet { conv, ssm }, Some((c, st))) = (l, s) {
-                backend.copy(c, 0, conv, 0, cfg.gdn.conv_state_len());
-                backend.copy(st, 0, ssm, 0, cfg.gdn.state_len());
+                backend.copy(c, 0, conv, 0, cfg.gdn.conv_state_len())?;
+                backend.copy(st, 0, ssm, 0, cfg.gdn.state_len())?;
             }
         }
         self.pos = snap.pos;
         self.mtp_len = snap.mtp_len;
+        Ok(())
     }
 }

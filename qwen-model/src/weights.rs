@@ -337,7 +337,7 @@ impl<B: Backend> Binder<'_, B> {
             });
         }
         let mut buf = self.backend.alloc(vals.len())?;
-        self.backend.upload(&vals, &mut buf, 0);
+        self.backend.upload(&vals, &mut buf, 0)?;
         Ok(buf)
     }
 

@@ -100,13 +100,14 @@ fn attention_reads_every_cache_type_pair_in_place() {
     let q = values(n * hq * 2 * dh, 3, 3.0);
     for kt in KvCacheType::ALL {
         for vt in KvCacheType::ALL {
-            let mut kc = be.alloc_kv_cache(len, kt).unwrap();
-            let mut vc = be.alloc_kv_cache(len, vt).unwrap();
-            be.kv_write(&k, &mut kc, 0, len);
-            be.kv_write(&v, &mut vc, 0, len);
+            let mut kc = be.alloc_kv(len, kt).unwrap();
+            let mut vc = be.alloc_kv(len, vt).unwrap();
+            be.kv_write(&k, &mut kc, 0, len).unwrap();
+            be.kv_write(&v, &mut vc, 0, len).unwrap();
             assert_eq!((kc.kv_type(), vc.kv_type()), (kt, vt));
             let mut out = vec![0.0; n * hq * dh];
-            be.attention(&q, &kc, &vc, &mut out, &layout, n, pos0);
+            be.attention(&q, &kc, &vc, &mut out, &layout, n, pos0)
+                .unwrap();
             // Against the dequantized values: the in-place block reads lose nothing more.
             let want = naive_attention(
                 &q,
@@ -141,15 +142,12 @@ fn quantized_cache_writes_at_an_offset_leave_other_rows_alone() {
     let len = 4 * 64;
     let x = values(len, 9, 2.0);
     for t in [KvCacheType::Q8_0, KvCacheType::Q4_0] {
-        let mut c = be.alloc_kv_cache(len, t).unwrap();
-        be.kv_write(&x[64..].to_vec(), &mut c, 128, 64);
+        let mut c = be.alloc_kv(len, t).unwrap();
+        be.kv_write(&x[64..].to_vec(), &mut c, 128, 64).unwrap();
         let d = dequantized(&c, len);
         assert!(d[..128].iter().chain(&d[192..]).all(|&v| v == 0.0), "{t}");
         assert!(max_abs(&d[128..192], &x[64..128]) < 0.3, "{t}");
-        assert!(
-            be.alloc_kv_cache(33, t).is_err(),
-            "{t}: partial block accepted"
-        );
+        assert!(be.alloc_kv(33, t).is_err(), "{t}: partial block accepted");
     }
 }
 
@@ -220,8 +218,8 @@ fn kv_bytes_per_token_as_documented() {
     for kt in KvCacheType::ALL {
         for vt in KvCacheType::ALL {
             let cap = 10;
-            let per_layer = be.alloc_kv_cache(cap * 512, kt).unwrap().bytes()
-                + be.alloc_kv_cache(cap * 512, vt).unwrap().bytes();
+            let per_layer = be.alloc_kv(cap * 512, kt).unwrap().bytes()
+                + be.alloc_kv(cap * 512, vt).unwrap().bytes();
             assert_eq!(
                 3 * per_layer as u64,
                 cap as u64 * kv_bytes_per_token(c, kt, vt)

@@ -32,7 +32,7 @@ fn rms_norm_matches_naive() {
     let x = randn(&mut rng, rows * n, 2.0);
     let w = randn(&mut rng, n, 1.0);
     let mut out = vec![0.0; rows * n];
-    be.rms_norm(&x, &w, &mut out, rows, n, 1e-6);
+    be.rms_norm(&x, &w, &mut out, rows, n, 1e-6).unwrap();
     let mut want = vec![0.0f32; rows * n];
     for r in 0..rows {
         let row = &x[r * n..(r + 1) * n];
@@ -53,7 +53,8 @@ fn rms_norm_matches_naive() {
         2 * dh,
         rows * n / (2 * dh),
         1e-6,
-    );
+    )
+    .unwrap();
     for h in 0..rows * n / (2 * dh) {
         let src = &x[h * 2 * dh..h * 2 * dh + dh];
         let ms: f64 = src.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dh as f64;
@@ -75,7 +76,8 @@ fn gated_rms_norm_swiglu_sigmoid_gate_match_naive() {
     let z = randn(&mut rng, n * heads, 3.0);
     let w = randn(&mut rng, n, 1.0);
     let mut got = x.clone();
-    be.gated_rms_norm(&mut got, &z, &w, n * heads, n, 1e-6);
+    be.gated_rms_norm(&mut got, &z, &w, n * heads, n, 1e-6)
+        .unwrap();
     for h in 0..heads {
         let row = &x[h * n..(h + 1) * n];
         let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
@@ -87,7 +89,7 @@ fn gated_rms_norm_swiglu_sigmoid_gate_match_naive() {
     }
 
     let mut g = z.clone();
-    be.swiglu(&mut g, &x, x.len());
+    be.swiglu(&mut g, &x, x.len()).unwrap();
     for i in 0..x.len() {
         let want = z[i] as f64 * sigmoid(z[i] as f64) * x[i] as f64;
         assert!((g[i] as f64 - want).abs() < 1e-5);
@@ -98,7 +100,8 @@ fn gated_rms_norm_swiglu_sigmoid_gate_match_naive() {
     let qg = randn(&mut rng, tokens * hq * 2 * dh, 4.0);
     let o = randn(&mut rng, tokens * hq * dh, 1.0);
     let mut got = o.clone();
-    be.sigmoid_gate(&mut got, &qg, tokens, hq, dh, dh, hq * 2 * dh, 2 * dh);
+    be.sigmoid_gate(&mut got, &qg, tokens, hq, dh, dh, hq * 2 * dh, 2 * dh)
+        .unwrap();
     for t in 0..tokens {
         for h in 0..hq {
             for i in 0..dh {
@@ -124,7 +127,7 @@ fn rope_matches_complex_rotation() {
         token_stride: heads * stride,
         n_rot,
     };
-    be.rope(&mut got, &layout, tokens, pos0, theta);
+    be.rope(&mut got, &layout, tokens, pos0, theta).unwrap();
     let half = n_rot / 2;
     for t in 0..tokens {
         for h in 0..heads {
@@ -206,7 +209,8 @@ fn attention_matches_naive_softmax() {
         qwen_model::cpu::CpuKv::F32(k.clone()),
         qwen_model::cpu::CpuKv::F32(v.clone()),
     );
-    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0);
+    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0)
+        .unwrap();
     let want = naive_attention(&q, &k, &v, &layout, n_tokens, pos0);
     let d = max_diff(&out, &want);
     assert!(d < 1e-5, "attention max diff {d}");
@@ -253,7 +257,8 @@ fn conv1d_in_pieces_matches_whole_sequence() {
                 p,
                 c,
                 k,
-            );
+            )
+            .unwrap();
             got.extend_from_slice(&y);
             t0 += p;
         }
@@ -356,7 +361,8 @@ fn run_gdn(be: &CpuBackend, c: &GdnCase, pieces: &[usize]) -> Vec<f32> {
         let mut out = vec![0.0; p * d.value_dim()];
         be.gated_delta_rule(
             &mut y, &mut b, &mut al, &c.a, &c.dt_bias, &mut state, &mut out, d, p,
-        );
+        )
+        .unwrap();
         got.extend_from_slice(&out);
         t0 += p;
     }
@@ -398,10 +404,10 @@ fn delta_rule_chunked_matches_recurrent() {
 fn add_and_copy_ops() {
     let be = CpuBackend::new(1);
     let mut x = vec![1.0, 2.0, 3.0];
-    be.add(&mut x, &vec![0.5, 0.5, 0.5], 2);
+    be.add(&mut x, &vec![0.5, 0.5, 0.5], 2).unwrap();
     assert_eq!(x, vec![1.5, 2.5, 3.0]);
     let mut y = vec![0.0; 4];
-    be.copy(&x, 1, &mut y, 2, 2);
+    be.copy(&x, 1, &mut y, 2, 2).unwrap();
     assert_eq!(y, vec![0.0, 0.0, 2.5, 3.0]);
 }
 
@@ -472,15 +478,16 @@ fn attention_over_f16_cache_matches_naive_on_rounded_values() {
     let v = randn(&mut rng, ctx * hkv * dh, 1.0);
     let q = randn(&mut rng, n_tokens * hq * dh, 3.0);
     let mut kc = be
-        .alloc_kv(ctx * hkv * dh, qwen_model::KvType::F16)
+        .alloc_kv(ctx * hkv * dh, qwen_model::KvCacheType::F16)
         .unwrap();
     let mut vc = be
-        .alloc_kv(ctx * hkv * dh, qwen_model::KvType::F16)
+        .alloc_kv(ctx * hkv * dh, qwen_model::KvCacheType::F16)
         .unwrap();
-    be.kv_write(&k, &mut kc, 0, k.len());
-    be.kv_write(&v, &mut vc, 0, v.len());
+    be.kv_write(&k, &mut kc, 0, k.len()).unwrap();
+    be.kv_write(&v, &mut vc, 0, v.len()).unwrap();
     let mut out = vec![0.0; n_tokens * hq * dh];
-    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0);
+    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0)
+        .unwrap();
     let round = |x: &[f32]| {
         x.iter()
             .map(|&a| half::f16::from_f32(a).to_f32())

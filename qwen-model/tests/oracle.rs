@@ -200,7 +200,7 @@ fn snapshot_restore_replays_exactly() {
     // A different continuation, then roll back and replay the first one.
     m.forward(&mut state, &mut ws, &tokens[100..130], Outputs::default())
         .unwrap();
-    state.restore(&m.config, &m.backend, &snap);
+    state.restore(&m.config, &m.backend, &snap).unwrap();
     assert_eq!(state.pos(), 50);
     let mut again = vec![0.0; 10 * v];
     m.forward(
@@ -320,7 +320,7 @@ fn f16_kv_cache_stays_close() {
     let v = m.config.vocab;
     let want = read_f32(&tiny("logits_b.f32"));
     let mut state = m
-        .new_state_with_kv(tokens.len(), qwen_model::KvType::F16)
+        .new_state_with_kv(tokens.len(), qwen_model::KvCacheType::F16)
         .unwrap();
     let mut ws = m.new_workspace(64).unwrap();
     let mut got = vec![0.0; tokens.len() * v];

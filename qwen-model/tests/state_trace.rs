@@ -104,8 +104,8 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
         "{path:?}: traced vs plain logits"
     );
     assert_eq!(
-        bits(&plain.recurrent_state(cfg, be)),
-        bits(&st.recurrent_state(cfg, be)),
+        bits(&plain.recurrent_state(cfg, be).unwrap()),
+        bits(&st.recurrent_state(cfg, be).unwrap()),
         "{path:?}: traced vs plain final state"
     );
 
@@ -113,9 +113,9 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
     for k in (1..=m_rows).rev() {
         st.restore_traced(cfg, be, &mut trace, k).unwrap();
         assert_eq!(st.pos(), prompt.len() + k);
-        let s = st.recurrent_state(cfg, be);
+        let s = st.recurrent_state(cfg, be).unwrap();
         let (want, _) = fresh(&mut ws, k);
-        let want = want.recurrent_state(cfg, be);
+        let want = want.recurrent_state(cfg, be).unwrap();
         // Whether row `row` of an `n`-row call sits alone in its workspace chunk.
         let single = |n: usize, row: usize| {
             ws_rows == 1 || (row / ws_rows == (n - 1) / ws_rows && n % ws_rows == 1)
@@ -216,7 +216,8 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
         &mut trace,
         1,
         &mut scratch,
-    );
+    )
+    .unwrap();
 
     let mut s1 = s0.clone();
     let (cd, hv, vd, sl) = (d.conv_dim(), d.n_v_heads, d.value_dim(), d.state_len());
@@ -225,7 +226,8 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
         let mut br = b0[t * hv..(t + 1) * hv].to_vec();
         let mut ar = al0[t * hv..(t + 1) * hv].to_vec();
         let mut o = vec![0.0; vd];
-        be.gated_delta_rule(&mut yr, &mut br, &mut ar, &a, &dt, &mut s1, &mut o, &d, 1);
+        be.gated_delta_rule(&mut yr, &mut br, &mut ar, &a, &dt, &mut s1, &mut o, &d, 1)
+            .unwrap();
         assert_eq!(bits(&out[t * vd..(t + 1) * vd]), bits(&o), "row {t} output");
         assert_eq!(
             bits(&trace[(t + 1) * sl..(t + 2) * sl]),
@@ -264,7 +266,7 @@ fn traced_states<B: Backend>(m: &Model<B>) -> (Vec<f32>, Vec<Vec<f32>>) {
         .rev()
         .map(|k| {
             st.restore_traced(cfg, be, &mut trace, k).unwrap();
-            st.recurrent_state(cfg, be)
+            st.recurrent_state(cfg, be).unwrap()
         })
         .collect();
     (logits, states)

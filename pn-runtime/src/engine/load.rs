@@ -8,7 +8,9 @@ use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
 use gguf_io::{GgmlType, GgufError, GgufFile};
 use qwen_model::cuda::{CudaBackend, CudaError, MemoryPlan};
-use qwen_model::{Backend, CpuBackend, KvCacheType, KvType, Model, ModelConfig};
+use qwen_model::{
+    Backend, CpuBackend, KvCacheType, Model, ModelConfig, ModelError, Requirements, Unsupported,
+};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -60,6 +62,7 @@ pub(super) fn load(
         Device::Cpu => {
             check_memory(&config, &options, context)?;
             let backend = CpuBackend::new(options.threads);
+            check_supported(&backend, Device::Cpu, &config, &options)?;
             LoadedModel::Cpu(bind(file, backend, progress)?)
         }
         Device::Cuda(ordinal) => {
@@ -155,15 +158,7 @@ fn open_cuda(
     context: usize,
 ) -> Result<CudaBackend> {
     let backend = CudaBackend::new(ordinal).map_err(|e| cuda_error(ordinal, e))?;
-    // The device attention kernels read K and V with one element type.
-    if options.kv_type_k != options.kv_type_v {
-        return Err(EngineError::MixedKvTypes {
-            k: options.kv_type_k.to_string(),
-            v: options.kv_type_v.to_string(),
-            device: Device::Cuda(ordinal).to_string(),
-        });
-    }
-    check_kv_types(&backend, Device::Cuda(ordinal), options)?;
+    check_supported(&backend, Device::Cuda(ordinal), config, options)?;
     let plan = cuda_memory_plan(file, config, options, context);
     let (free, total) = backend.memory_info().map_err(|e| cuda_error(ordinal, e))?;
     if plan.total() > free {
@@ -177,27 +172,33 @@ fn open_cuda(
     Ok(backend)
 }
 
-/// Refuses a K or V cache type `backend` cannot store. Asks the backend itself (a one-row
-/// cache), so what it supports is never restated here and cannot drift from it.
-fn check_kv_types<B: Backend>(backend: &B, device: Device, options: &EngineOptions) -> Result<()> {
-    // One 256-value head row: a whole number of blocks of every type.
-    const PROBE: usize = 256;
-    let supported = |ty: KvCacheType| backend.alloc_kv_cache(PROBE, ty).is_ok();
-    for ty in [options.kv_type_k, options.kv_type_v] {
-        if !supported(ty) {
-            let names: Vec<&str> = KvCacheType::ALL
-                .into_iter()
-                .filter(|&t| supported(t))
-                .map(KvCacheType::name)
-                .collect();
-            return Err(EngineError::UnsupportedKvType {
-                kv: ty.to_string(),
-                device: device.to_string(),
-                supported: names.join(", "),
-            });
-        }
-    }
-    Ok(())
+/// Refuses a model or K/V cache types that `backend` declares it cannot run
+/// ([`Backend::supports`]), before any weight is resident; what it supports is never restated
+/// here, so it cannot drift from the backend.
+fn check_supported<B: Backend>(
+    backend: &B,
+    device: Device,
+    config: &ModelConfig,
+    options: &EngineOptions,
+) -> Result<()> {
+    let req = Requirements::model(config).with_kv(options.kv_type_k, options.kv_type_v);
+    backend.supports(&req).map_err(|e| match e {
+        Unsupported::MixedKvTypes { k, v, .. } => EngineError::MixedKvTypes {
+            k: k.to_string(),
+            v: v.to_string(),
+            device: device.to_string(),
+        },
+        Unsupported::KvType { ty, supported, .. } => EngineError::UnsupportedKvType {
+            kv: ty.to_string(),
+            device: device.to_string(),
+            supported: supported
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
+        e => EngineError::Model(ModelError::Unsupported(e)),
+    })
 }
 
 /// The device footprint of the model with one session at `context` positions: weights, the KV
@@ -211,7 +212,13 @@ fn cuda_memory_plan(
     options: &EngineOptions,
     context: usize,
 ) -> MemoryPlan {
-    let mut plan = MemoryPlan::new(file, config, context, options.batch.max(1), KvType::F32);
+    let mut plan = MemoryPlan::new(
+        file,
+        config,
+        context,
+        options.batch.max(1),
+        KvCacheType::F32,
+    );
     // The plan only knows the float types; the state's own per-token size covers every type.
     plan.kv_cache = kv_bytes(config, options, context);
     // The speculative decoder keeps the state after each of the draft + 1 rows of a verify

@@ -24,8 +24,8 @@ mod session;
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
 pub use options::{
-    Device, EngineOptions, KvType, Speculation, DEFAULT_CONTEXT, DEFAULT_PROMPT_CACHE_CHECKPOINTS,
-    DEFAULT_PROMPT_CACHE_INTERVAL,
+    Device, EngineOptions, KvCacheType, Speculation, DEFAULT_CONTEXT,
+    DEFAULT_PROMPT_CACHE_CHECKPOINTS, DEFAULT_PROMPT_CACHE_INTERVAL,
 };
 pub use prompt_cache::checkpoint_bytes;
 pub use session::{

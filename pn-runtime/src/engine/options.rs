@@ -42,7 +42,7 @@ impl fmt::Display for Device {
 
 /// Element type of the attention KV cache (f32, f16, q8_0, q4_0), chosen per K and V; the CPU
 /// backend's attention reads every type in place.
-pub use qwen_model::KvCacheType as KvType;
+pub use qwen_model::KvCacheType;
 
 /// Speculative decoding setting (see [`crate::speculative`]).
 pub use crate::speculative::Speculation;
@@ -71,9 +71,9 @@ pub struct EngineOptions {
     /// Positions each session can hold; 0 means `min(DEFAULT_CONTEXT, model's context)`.
     pub context: usize,
     /// Element type of the K cache.
-    pub kv_type_k: KvType,
+    pub kv_type_k: KvCacheType,
     /// Element type of the V cache.
-    pub kv_type_v: KvType,
+    pub kv_type_v: KvCacheType,
     /// CPU threads; 0 uses every available core.
     pub threads: usize,
     /// Check every block of every PN tensor when loading (cheap next to the first forward pass;
@@ -104,8 +104,8 @@ impl Default for EngineOptions {
         EngineOptions {
             device: Device::Cpu,
             context: 0,
-            kv_type_k: KvType::F32,
-            kv_type_v: KvType::F32,
+            kv_type_k: KvCacheType::F32,
+            kv_type_v: KvCacheType::F32,
             threads: 0,
             validate_pn: true,
             batch: 64,

@@ -181,7 +181,7 @@ impl<B: Backend> PromptCache<B> {
         }
         let snap = match self.spare.take() {
             Some(mut s) => {
-                state.snapshot_into(cfg, backend, &mut s);
+                state.snapshot_into(cfg, backend, &mut s)?;
                 s
             }
             None => state.snapshot(cfg, backend)?,

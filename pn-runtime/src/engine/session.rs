@@ -269,8 +269,8 @@ impl<'e> Session<'e> {
     }
 
     /// Back to an empty sequence; the prompt cache is emptied too.
-    pub fn reset(&mut self) {
-        with_core!(&mut self.core, c => c.reset());
+    pub fn reset(&mut self) -> Result<()> {
+        with_core!(&mut self.core, c => c.reset())
     }
 
     /// Positions of the prompt cache's checkpoints (ascending): a new sequence that diverges
@@ -452,13 +452,14 @@ impl<'e, B: Backend> SessionCore<'e, B> {
         self.state.capacity()
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self) -> Result<()> {
         let m = self.model;
-        self.state.reset(&m.config, &m.backend);
         self.fed.clear();
         self.pending = None;
         self.has_logits = false;
         self.cache.clear();
+        self.state.reset(&m.config, &m.backend)?;
+        Ok(())
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
@@ -629,7 +630,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
         }
         self.check_room_total(full.len())?;
         let t0 = Instant::now();
-        let reused = self.rewind_to_prefix_of(full);
+        let reused = self.rewind_to_prefix_of(full)?;
         let n = full.len() - reused;
         if n > 0 {
             self.run_prompt(&full[reused..])?;
@@ -667,7 +668,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
     /// Brings the session to the longest reusable prefix of `full` (see [`plan`](Self::plan))
     /// and returns its length; when it is all of `full`, the logits after it are at hand.
     /// Checkpoints past the common prefix are dropped (their KV rows get overwritten).
-    fn rewind_to_prefix_of(&mut self, full: &[u32]) -> usize {
+    fn rewind_to_prefix_of(&mut self, full: &[u32]) -> Result<usize> {
         let common = common_prefix(&self.fed, full);
         let m = self.model;
         let reused = match self.plan(full) {
@@ -677,7 +678,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
                     .cache
                     .best(common, full.len())
                     .expect("plan found this checkpoint");
-                self.state.restore(&m.config, &m.backend, &c.snap);
+                self.state.restore(&m.config, &m.backend, &c.snap)?;
                 // MTP rows pair token p + 1 with the trunk's h_p: none may reach past pos - 1.
                 self.state.truncate_mtp(pos.saturating_sub(1));
                 if let Some(sp) = self.spec.as_mut() {
@@ -693,7 +694,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
                 pos
             }
             Start::Empty => {
-                self.state.reset(&m.config, &m.backend);
+                self.state.reset(&m.config, &m.backend)?;
                 0
             }
         };
@@ -703,7 +704,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
         if reused < full.len() {
             self.has_logits = false;
         }
-        reused
+        Ok(reused)
     }
 
     /// The next token of a generation: from the current speculative `run`, else by a

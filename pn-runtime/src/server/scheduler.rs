@@ -243,8 +243,9 @@ impl Scheduler {
             Ok(Ok(done)) => Some(done),
             Ok(Err(e)) => Some(Event::Failed(e)),
             Err(_) => {
-                // The session may be half-updated: start the slot afresh.
-                session.reset();
+                // The session may be half-updated: start the slot afresh. A failed reset leaves
+                // no tokens behind, so the slot's next sequence resets again and reports it.
+                let _ = session.reset();
                 self.metrics.record_panic();
                 Some(Event::Failed(ApiError::internal(
                     "internal error while generating (the request was aborted; the server goes on)",

@@ -776,8 +776,8 @@ mod tests {
             if kept.len() >= 2 {
                 // Both sides ran these rows through multi-row matmuls: same bits.
                 assert_eq!(
-                    bits(&st.recurrent_state(cfg, be)),
-                    bits(&fresh.recurrent_state(cfg, be)),
+                    bits(&st.recurrent_state(cfg, be).unwrap()),
+                    bits(&fresh.recurrent_state(cfg, be).unwrap()),
                     "GDN state after {} tokens",
                     st.pos()
                 );

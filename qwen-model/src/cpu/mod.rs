@@ -10,7 +10,7 @@ pub use pool::split_range;
 pub use weight::CpuWeight;
 
 use crate::backend::{
-    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, KvType, RopeLayout, WeightSource,
+    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, RopeLayout, WeightSource,
 };
 use crate::error::ModelError;
 use kvquant::{BlockQ4_0, BlockQ8_0};
@@ -235,14 +235,7 @@ impl Backend for CpuBackend {
         zeroed_vec(len)
     }
 
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CpuKv, ModelError> {
-        Ok(match ty {
-            KvType::F32 => CpuKv::F32(zeroed_vec(len)?),
-            KvType::F16 => CpuKv::F16(zeroed_vec(len)?),
-        })
-    }
-
-    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
+    fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
         let blocks = |t: KvCacheType| {
             if !len.is_multiple_of(t.block_len()) {
                 Err(ModelError::BadArgument(format!(
@@ -261,7 +254,13 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
+    fn kv_write(
+        &self,
+        src: &Vec<f32>,
+        dst: &mut CpuKv,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
         use half::slice::HalfFloatSliceExt;
         const QK: usize = kvquant::QK;
         match dst {
@@ -275,23 +274,35 @@ impl Backend for CpuBackend {
             CpuKv::Q4_0(d) => {
                 kvquant::quantize_into(&src[..len], &mut d[dst_off / QK..(dst_off + len) / QK])
             }
-        }
+        };
+        Ok(())
     }
 
-    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) {
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) -> Result<(), ModelError> {
         dst[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
     }
 
-    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) {
+    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ModelError> {
         dst.copy_from_slice(&src[offset..offset + dst.len()]);
+        Ok(())
     }
 
-    fn copy(&self, src: &Vec<f32>, src_off: usize, dst: &mut Vec<f32>, dst_off: usize, len: usize) {
+    fn copy(
+        &self,
+        src: &Vec<f32>,
+        src_off: usize,
+        dst: &mut Vec<f32>,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
         dst[dst_off..dst_off + len].copy_from_slice(&src[src_off..src_off + len]);
+        Ok(())
     }
 
-    fn zero(&self, buf: &mut Vec<f32>, len: usize) {
+    fn zero(&self, buf: &mut Vec<f32>, len: usize) -> Result<(), ModelError> {
         buf[..len].fill(0.0);
+        Ok(())
     }
 
     fn load_weight(&self, src: &WeightSource<'_>) -> Result<CpuWeight, ModelError> {
@@ -427,9 +438,10 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) {
+    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) -> Result<(), ModelError> {
         // Block sizes and lengths were checked at load (K is a multiple of the block size).
-        let _ = pn_format::hadamard::fwht_blocks_inplace(&mut x[..len], block);
+        pn_format::hadamard::fwht_blocks_inplace(&mut x[..len], block)
+            .map_err(|e| ModelError::BadArgument(format!("hadamard of {len} floats: {e}")))
     }
 
     fn rms_norm(
@@ -440,8 +452,9 @@ impl Backend for CpuBackend {
         rows: usize,
         n: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         kernels::rms_norm(&x[..rows * n], w, &mut out[..rows * n], n, eps);
+        Ok(())
     }
 
     fn rms_norm_strided(
@@ -452,8 +465,9 @@ impl Backend for CpuBackend {
         stride: usize,
         count: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         kernels::rms_norm_strided(x, w, n, stride, count, eps);
+        Ok(())
     }
 
     fn gated_rms_norm(
@@ -464,8 +478,9 @@ impl Backend for CpuBackend {
         len: usize,
         n: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         kernels::gated_rms_norm(&mut x[..len], &z[..len], w, n, eps);
+        Ok(())
     }
 
     fn rope(
@@ -475,7 +490,7 @@ impl Backend for CpuBackend {
         n_tokens: usize,
         pos0: usize,
         theta: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         // A few dozen frequencies: recomputing them per call is cheaper than caching per theta.
         let mut inv = [0.0f64; 256];
         let half = (layout.n_rot / 2).min(inv.len());
@@ -483,6 +498,7 @@ impl Backend for CpuBackend {
             *f = (theta as f64).powf(-(2.0 * i as f64) / layout.n_rot as f64);
         }
         kernels::rope_neox(x, layout, n_tokens, pos0, &inv[..half]);
+        Ok(())
     }
 
     fn attention(
@@ -494,7 +510,7 @@ impl Backend for CpuBackend {
         layout: &AttnLayout,
         n_tokens: usize,
         pos0: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         let n_rows = n_tokens * layout.n_q_heads;
         assert!(
             out.len() >= n_rows * layout.head_dim,
@@ -515,6 +531,7 @@ impl Backend for CpuBackend {
                 ))
             }
         });
+        Ok(())
     }
 
     fn sigmoid_gate(
@@ -527,7 +544,7 @@ impl Backend for CpuBackend {
         gate_offset: usize,
         gate_token_stride: usize,
         gate_head_stride: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         kernels::sigmoid_gate(
             &mut x[..n_tokens * n_heads * head_dim],
             &gate[gate_offset..],
@@ -536,6 +553,7 @@ impl Backend for CpuBackend {
             gate_token_stride,
             gate_head_stride,
         );
+        Ok(())
     }
 
     fn conv1d_silu(
@@ -547,7 +565,7 @@ impl Backend for CpuBackend {
         n_tokens: usize,
         channels: usize,
         kernel: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         // Internal invariants: the config limits the kernel to 2..=16 and sizes every buffer.
         assert!(
             (2..=17).contains(&kernel),
@@ -570,6 +588,7 @@ impl Backend for CpuBackend {
                 )
             }
         });
+        Ok(())
     }
 
     fn gated_delta_rule(
@@ -583,7 +602,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         dims: &GdnDims,
         n_tokens: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         let hv = dims.n_v_heads;
         kernels::gdn_normalize_qk(y, dims, n_tokens);
         kernels::gdn_gates(
@@ -632,6 +651,7 @@ impl Backend for CpuBackend {
                 }
             }
         });
+        Ok(())
     }
 
     fn gated_delta_rule_traced(
@@ -648,7 +668,7 @@ impl Backend for CpuBackend {
         trace: &mut Vec<f32>,
         trace_row0: usize,
         _scratch: &mut GdnRowScratch<Vec<f32>>,
-    ) {
+    ) -> Result<(), ModelError> {
         // Normalisation and gates act on each row alone, and the recurrent form steps one
         // token at a time, so stepping it per row in place gives the bits of one-row calls
         // (never the chunked form, whose bits differ) without copying rows to scratch.
@@ -686,14 +706,17 @@ impl Backend for CpuBackend {
             });
             trace[(trace_row0 + t) * sl..(trace_row0 + t + 1) * sl].copy_from_slice(&state[..sl]);
         }
+        Ok(())
     }
 
-    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> Result<(), ModelError> {
         kernels::swiglu(&mut gate[..len], &up[..len]);
+        Ok(())
     }
 
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<(), ModelError> {
         kernels::add(&mut x[..len], &y[..len]);
+        Ok(())
     }
 }
 

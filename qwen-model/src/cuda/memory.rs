@@ -32,8 +32,8 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The footprint of `file` at `context` positions with K and V caches of type `kv` (a
-    /// `KvType` or a `KvCacheType`), `max_rows` tokens per step, one sequence state.
+    /// The footprint of `file` at `context` positions with K and V caches of type `kv`,
+    /// `max_rows` tokens per step, one sequence state.
     pub fn new(
         file: &GgufFile,
         cfg: &ModelConfig,

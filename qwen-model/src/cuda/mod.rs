@@ -3,9 +3,9 @@
 //!
 //! Weights are uploaded once in their stored format; activations, KV caches and recurrent state
 //! stay on the device; every op is enqueued on the device's one stream and nothing waits for the
-//! device except [`Backend::download`]. Ops the trait declares infallible record their first
-//! failure ([`CudaBackend::take_error`]); the next fallible op (`embed`, `matmul`) returns it, and
-//! a download after a failure fills its output with NaN, so an error is never silently lost.
+//! device except [`Backend::download`]. Every op returns its own failure (a refused shape, a
+//! launch or copy error) as a `Result`; the shapes and KV cache types the kernels take are
+//! declared up front by [`Backend::supports`], so a model they cannot run fails at load.
 //!
 //! Entry point: [`CudaBackend::new`] (device ordinal), then [`CudaBackend::check_fits`] with a
 //! [`MemoryPlan`] before `Model::from_file`.
@@ -19,7 +19,8 @@ pub use memory::{MemoryPlan, ATTN_SCRATCH_FLOATS, RESERVE_BYTES};
 pub use weight::{device_type, CudaWeight};
 
 use crate::{
-    AttnLayout, Backend, GdnDims, KvCacheType, KvType, ModelError, RopeLayout, WeightSource,
+    AttnLayout, Backend, GdnDims, KvCacheType, ModelError, Requirements, RopeLayout, Unsupported,
+    WeightSource,
 };
 use half::f16;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
@@ -154,7 +155,6 @@ pub struct CudaBackend {
     gpu: Gpu,
     ordinal: usize,
     scratch: Mutex<Scratch>,
-    error: Mutex<Option<CudaError>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,7 +226,6 @@ impl CudaBackend {
                 kvq8: None,
                 kvq4: None,
             }),
-            error: Mutex::new(None),
         })
     }
 
@@ -278,33 +277,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The first error an infallible op recorded since the last call, if any.
-    pub fn take_error(&self) -> Option<CudaError> {
-        lock(&self.error).take()
-    }
-
     /// Waits for every enqueued op.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.gpu
             .stream()
             .synchronize()
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
-    }
-
-    fn record(&self, r: Result<(), CudaError>) {
-        if let Err(e) = r {
-            let mut s = lock(&self.error);
-            if s.is_none() {
-                *s = Some(e);
-            }
-        }
-    }
-
-    fn pending(&self) -> Result<(), ModelError> {
-        match self.take_error() {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
     }
 
     fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
@@ -838,6 +816,43 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn supports(&self, req: &Requirements) -> Result<(), Unsupported> {
+        let shape = |op, what, supported, found| {
+            if found == supported {
+                Ok(())
+            } else {
+                Err(Unsupported::Shape {
+                    backend: self.name(),
+                    op,
+                    what,
+                    supported,
+                    found,
+                })
+            }
+        };
+        if let Some((k, v)) = req.kv {
+            // Every type has a store kernel and an attention kernel; the attention kernels
+            // read K and V with one element type.
+            if k != v {
+                return Err(Unsupported::MixedKvTypes {
+                    backend: self.name(),
+                    k,
+                    v,
+                });
+            }
+        }
+        shape("attention", "head_dim", HEAD_DIM, req.attn_head_dim)?;
+        shape("gated delta rule", "key head dim", GDN_HEAD_DIM, req.gdn.dk)?;
+        shape(
+            "gated delta rule",
+            "value head dim",
+            GDN_HEAD_DIM,
+            req.gdn.dv,
+        )?;
+        shape("conv1d", "kernel length", CONV_KERNEL, req.gdn.conv_kernel)?;
+        Ok(())
+    }
+
     fn alloc(&self, len: usize) -> Result<CudaBuf, ModelError> {
         Ok(CudaBuf {
             data: self.alloc_zeros(len, "activation buffer")?,
@@ -845,46 +860,37 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn upload(&self, src: &[f32], dst: &mut CudaBuf, offset: usize) {
-        self.record(self.try_upload(src, dst, offset));
+    fn upload(&self, src: &[f32], dst: &mut CudaBuf, offset: usize) -> Result<(), ModelError> {
+        self.try_upload(src, dst, offset).map_err(Into::into)
     }
 
-    fn download(&self, src: &CudaBuf, offset: usize, dst: &mut [f32]) {
-        let r = match lock(&self.error).as_ref() {
-            Some(_) => Err(None),
-            None => self.try_download(src, offset, dst).map_err(Some),
-        };
-        if let Err(e) = r {
-            // A failed step must not look like valid numbers.
-            dst.fill(f32::NAN);
-            if let Some(e) = e {
-                self.record(Err(e));
-            }
-        }
+    fn download(&self, src: &CudaBuf, offset: usize, dst: &mut [f32]) -> Result<(), ModelError> {
+        self.try_download(src, offset, dst).map_err(Into::into)
     }
 
-    fn copy(&self, src: &CudaBuf, src_off: usize, dst: &mut CudaBuf, dst_off: usize, len: usize) {
-        self.record(self.try_copy(src, src_off, dst, dst_off, len));
+    fn copy(
+        &self,
+        src: &CudaBuf,
+        src_off: usize,
+        dst: &mut CudaBuf,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        self.try_copy(src, src_off, dst, dst_off, len)
+            .map_err(Into::into)
     }
 
-    fn zero(&self, buf: &mut CudaBuf, len: usize) {
+    fn zero(&self, buf: &mut CudaBuf, len: usize) -> Result<(), ModelError> {
         let r = view_mut("zero", buf, 0, len).and_then(|mut v| {
             self.gpu
                 .stream()
                 .memset_zeros(&mut v)
                 .map_err(|e| CudaError::driver("zero", e))
         });
-        self.record(r);
+        r.map_err(Into::into)
     }
 
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CudaKv, ModelError> {
-        Ok(match ty {
-            KvType::F32 => CudaKv::F32(self.alloc_zeros(len, "f32 KV cache")?, len),
-            KvType::F16 => CudaKv::F16(self.alloc_zeros(len, "f16 KV cache")?, len),
-        })
-    }
-
-    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CudaKv, ModelError> {
+    fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<CudaKv, ModelError> {
         if !len.is_multiple_of(ty.block_len()) {
             return Err(ModelError::BadArgument(format!(
                 "{ty} KV cache of {len} values is not a whole number of {}-value blocks",
@@ -893,15 +899,22 @@ impl Backend for CudaBackend {
         }
         let bytes = ty.bytes_for(len);
         Ok(match ty {
-            KvCacheType::F32 => self.alloc_kv(len, KvType::F32)?,
-            KvCacheType::F16 => self.alloc_kv(len, KvType::F16)?,
+            KvCacheType::F32 => CudaKv::F32(self.alloc_zeros(len, "f32 KV cache")?, len),
+            KvCacheType::F16 => CudaKv::F16(self.alloc_zeros(len, "f16 KV cache")?, len),
             KvCacheType::Q8_0 => CudaKv::Q8_0(self.alloc_zeros(bytes, "q8_0 KV cache")?, len),
             KvCacheType::Q4_0 => CudaKv::Q4_0(self.alloc_zeros(bytes, "q4_0 KV cache")?, len),
         })
     }
 
-    fn kv_write(&self, src: &CudaBuf, dst: &mut CudaKv, dst_off: usize, len: usize) {
-        self.record(self.try_kv_write(src, dst, dst_off, len));
+    fn kv_write(
+        &self,
+        src: &CudaBuf,
+        dst: &mut CudaKv,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        self.try_kv_write(src, dst, dst_off, len)
+            .map_err(Into::into)
     }
 
     fn load_weight(&self, src: &WeightSource<'_>) -> Result<CudaWeight, ModelError> {
@@ -951,7 +964,6 @@ impl Backend for CudaBackend {
         tokens: &[u32],
         out: &mut CudaBuf,
     ) -> Result<(), ModelError> {
-        self.pending()?;
         Ok(self.try_embed(table, tokens, out)?)
     }
 
@@ -961,14 +973,13 @@ impl Backend for CudaBackend {
         rows: usize,
         outs: &mut [(&CudaWeight, &mut CudaBuf)],
     ) -> Result<(), ModelError> {
-        self.pending()?;
         Ok(self.try_matmul(x, rows, outs)?)
     }
 
-    fn hadamard(&self, x: &mut CudaBuf, len: usize, block: usize) {
+    fn hadamard(&self, x: &mut CudaBuf, len: usize, block: usize) -> Result<(), ModelError> {
         let r = view_mut("hadamard", x, 0, len)
             .and_then(|mut v| Ok(self.gpu.hadamard_inplace(&mut v, len, block)?));
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn rms_norm(
@@ -979,9 +990,9 @@ impl Backend for CudaBackend {
         rows: usize,
         n: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "rms_norm";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             let l = RowLayout::contiguous(rows, n);
             let xv = view(OP, x, 0, rows * n)?;
             let wv = view(OP, w, 0, n)?;
@@ -990,7 +1001,7 @@ impl Backend for CudaBackend {
                 .gpu
                 .rms_norm(&xv, l, &mut ov, l, Some(&wv), NormShape { n, eps })?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn rms_norm_strided(
@@ -1001,9 +1012,9 @@ impl Backend for CudaBackend {
         stride: usize,
         count: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "rms_norm_strided";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if count == 0 {
                 return Ok(());
             }
@@ -1019,7 +1030,7 @@ impl Backend for CudaBackend {
                 .gpu
                 .rms_norm_inplace(&mut xv, l, Some(&wv), NormShape { n, eps })?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn gated_rms_norm(
@@ -1030,9 +1041,9 @@ impl Backend for CudaBackend {
         len: usize,
         n: usize,
         eps: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "gated_rms_norm";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if n == 0 || !len.is_multiple_of(n) {
                 return Err(CudaError::Unsupported {
                     op: OP,
@@ -1047,12 +1058,19 @@ impl Backend for CudaBackend {
                 .gpu
                 .gated_rms_norm_inplace(&mut xv, l, &zv, l, &wv, NormShape { n, eps })?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
-    fn rope(&self, x: &mut CudaBuf, layout: &RopeLayout, n_tokens: usize, pos0: usize, theta: f32) {
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        layout: &RopeLayout,
+        n_tokens: usize,
+        pos0: usize,
+        theta: f32,
+    ) -> Result<(), ModelError> {
         const OP: &str = "rope";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if n_tokens == 0 {
                 return Ok(());
             }
@@ -1067,7 +1085,7 @@ impl Backend for CudaBackend {
                 .gpu
                 .rope_neox(&mut xv, l, None, pos0, layout.n_rot, theta)?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn attention(
@@ -1079,8 +1097,9 @@ impl Backend for CudaBackend {
         layout: &AttnLayout,
         n_tokens: usize,
         pos0: usize,
-    ) {
-        self.record(self.try_attention(q, k_cache, v_cache, out, layout, n_tokens, pos0));
+    ) -> Result<(), ModelError> {
+        self.try_attention(q, k_cache, v_cache, out, layout, n_tokens, pos0)
+            .map_err(Into::into)
     }
 
     fn sigmoid_gate(
@@ -1093,9 +1112,9 @@ impl Backend for CudaBackend {
         gate_offset: usize,
         gate_token_stride: usize,
         gate_head_stride: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "sigmoid_gate";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if n_tokens * n_heads * head_dim == 0 {
                 return Ok(());
             }
@@ -1115,7 +1134,7 @@ impl Backend for CudaBackend {
             };
             Ok(self.gpu.sigmoid_gate(&mut xv, &gv, gl, head_dim)?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn conv1d_silu(
@@ -1127,9 +1146,9 @@ impl Backend for CudaBackend {
         n_tokens: usize,
         channels: usize,
         kernel: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "conv1d_silu";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if kernel != CONV_KERNEL {
                 return Err(CudaError::Unsupported {
                     op: OP,
@@ -1148,7 +1167,7 @@ impl Backend for CudaBackend {
                 .gpu
                 .conv1d_silu(&uv, &mut sv, &wv, &mut yv, rows, channels)?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn gated_delta_rule(
@@ -1162,13 +1181,14 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
         dims: &GdnDims,
         n_tokens: usize,
-    ) {
-        self.record(self.try_gdn(y, b, alpha, a, dt_bias, state, out, dims, n_tokens));
+    ) -> Result<(), ModelError> {
+        self.try_gdn(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
+            .map_err(Into::into)
     }
 
-    fn swiglu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) {
+    fn swiglu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) -> Result<(), ModelError> {
         const OP: &str = "swiglu";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if len == 0 {
                 return Ok(());
             }
@@ -1189,12 +1209,12 @@ impl Backend for CudaBackend {
                 .memcpy_dtod(&tv, &mut gv)
                 .map_err(|e| CudaError::driver(OP, e))
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
-    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) -> Result<(), ModelError> {
         const OP: &str = "add";
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             if len == 0 {
                 return Ok(());
             }
@@ -1202,7 +1222,7 @@ impl Backend for CudaBackend {
             let mut xv = view_mut(OP, x, 0, len)?;
             Ok(self.gpu.add_inplace(&mut xv, &yv, len)?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn rms_norm_hadamard(
@@ -1214,19 +1234,18 @@ impl Backend for CudaBackend {
         n: usize,
         eps: f32,
         block: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "rms_norm_hadamard";
         if rows == 0 {
-            return;
+            return Ok(());
         }
         if !Gpu::rotation_fits(n, block) || n > Gpu::RMS_NORM_HADAMARD_MAX_N {
             // A row longer than shared memory (or a block the kernels refuse): the two ops,
             // which report a refused block themselves.
-            self.rms_norm(x, w, out, rows, n, eps);
-            self.hadamard(out, rows * n, block);
-            return;
+            self.rms_norm(x, w, out, rows, n, eps)?;
+            return self.hadamard(out, rows * n, block);
         }
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             let xv = view(OP, x, 0, rows * n)?;
             let wv = view(OP, w, 0, n)?;
             let mut ov = view_mut(OP, out, 0, rows * n)?;
@@ -1239,7 +1258,7 @@ impl Backend for CudaBackend {
                 block,
             )?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 
     fn swiglu_hadamard(
@@ -1249,23 +1268,22 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
         len: usize,
         block: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         const OP: &str = "swiglu_hadamard";
         if len == 0 {
-            return;
+            return Ok(());
         }
         if !Gpu::rotation_fits(len, block) {
-            self.copy(gate, 0, out, 0, len);
-            self.swiglu(out, up, len);
-            self.hadamard(out, len, block);
-            return;
+            self.copy(gate, 0, out, 0, len)?;
+            self.swiglu(out, up, len)?;
+            return self.hadamard(out, len, block);
         }
-        let r = (|| {
+        let r: Result<(), CudaError> = (|| {
             let gv = view(OP, gate, 0, len)?;
             let uv = view(OP, up, 0, len)?;
             let mut ov = view_mut(OP, out, 0, len)?;
             Ok(self.gpu.swiglu_hadamard(&gv, &uv, &mut ov, len, block)?)
         })();
-        self.record(r);
+        r.map_err(Into::into)
     }
 }

@@ -3,8 +3,8 @@
 
 use qwen_model::cpu::{CpuKv, CpuWeight};
 use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, KvType, ModelError, RopeLayout,
-    WeightSource,
+    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, ModelError, Requirements, RopeLayout,
+    Unsupported, WeightSource,
 };
 use std::sync::Mutex;
 
@@ -56,25 +56,38 @@ impl Backend for Wrapped {
     fn alloc(&self, len: usize) -> Result<Vec<f32>, ModelError> {
         self.inner.alloc(len)
     }
-    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) {
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, offset: usize) -> Result<(), ModelError> {
         self.inner.upload(src, dst, offset)
     }
-    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) {
+    fn download(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ModelError> {
         self.inner.download(src, offset, dst)
     }
-    fn copy(&self, src: &Vec<f32>, so: usize, dst: &mut Vec<f32>, d_o: usize, len: usize) {
+    fn copy(
+        &self,
+        src: &Vec<f32>,
+        so: usize,
+        dst: &mut Vec<f32>,
+        d_o: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
         self.inner.copy(src, so, dst, d_o, len)
     }
-    fn zero(&self, buf: &mut Vec<f32>, len: usize) {
+    fn zero(&self, buf: &mut Vec<f32>, len: usize) -> Result<(), ModelError> {
         self.inner.zero(buf, len)
     }
-    fn alloc_kv(&self, len: usize, ty: KvType) -> Result<CpuKv, ModelError> {
+    fn supports(&self, req: &Requirements) -> Result<(), Unsupported> {
+        self.inner.supports(req)
+    }
+    fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
         self.inner.alloc_kv(len, ty)
     }
-    fn alloc_kv_cache(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
-        self.inner.alloc_kv_cache(len, ty)
-    }
-    fn kv_write(&self, src: &Vec<f32>, dst: &mut CpuKv, dst_off: usize, len: usize) {
+    fn kv_write(
+        &self,
+        src: &Vec<f32>,
+        dst: &mut CpuKv,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
         self.inner.kv_write(src, dst, dst_off, len)
     }
     fn load_weight(&self, src: &WeightSource<'_>) -> Result<CpuWeight, ModelError> {
@@ -91,11 +104,19 @@ impl Backend for Wrapped {
     ) -> Result<(), ModelError> {
         self.inner.matmul(x, rows, outs)
     }
-    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) {
+    fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) -> Result<(), ModelError> {
         self.push(Rot::Plain { len, block });
         self.inner.hadamard(x, len, block)
     }
-    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, o: &mut Vec<f32>, r: usize, n: usize, e: f32) {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        o: &mut Vec<f32>,
+        r: usize,
+        n: usize,
+        e: f32,
+    ) -> Result<(), ModelError> {
         self.inner.rms_norm(x, w, o, r, n, e)
     }
     fn rms_norm_strided(
@@ -106,7 +127,7 @@ impl Backend for Wrapped {
         s: usize,
         c: usize,
         e: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner.rms_norm_strided(x, w, n, s, c, e)
     }
     fn gated_rms_norm(
@@ -117,10 +138,17 @@ impl Backend for Wrapped {
         l: usize,
         n: usize,
         e: f32,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner.gated_rms_norm(x, z, w, l, n, e)
     }
-    fn rope(&self, x: &mut Vec<f32>, l: &RopeLayout, n: usize, pos0: usize, theta: f32) {
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        l: &RopeLayout,
+        n: usize,
+        pos0: usize,
+        theta: f32,
+    ) -> Result<(), ModelError> {
         self.inner.rope(x, l, n, pos0, theta)
     }
     fn attention(
@@ -132,7 +160,7 @@ impl Backend for Wrapped {
         layout: &AttnLayout,
         n_tokens: usize,
         pos0: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner.attention(q, k, v, out, layout, n_tokens, pos0)
     }
     fn sigmoid_gate(
@@ -145,7 +173,7 @@ impl Backend for Wrapped {
         off: usize,
         ts: usize,
         hs: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner
             .sigmoid_gate(x, gate, n_tokens, n_heads, head_dim, off, ts, hs)
     }
@@ -158,7 +186,7 @@ impl Backend for Wrapped {
         n_tokens: usize,
         channels: usize,
         kernel: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner
             .conv1d_silu(u, w, state, y, n_tokens, channels, kernel)
     }
@@ -173,14 +201,14 @@ impl Backend for Wrapped {
         out: &mut Vec<f32>,
         dims: &GdnDims,
         n_tokens: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.inner
             .gated_delta_rule(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
     }
-    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) {
+    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> Result<(), ModelError> {
         self.inner.swiglu(gate, up, len)
     }
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<(), ModelError> {
         self.inner.add(x, y, len)
     }
     fn rms_norm_hadamard(
@@ -192,7 +220,7 @@ impl Backend for Wrapped {
         n: usize,
         eps: f32,
         block: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.push(Rot::Norm { rows, n, block });
         self.inner.rms_norm_hadamard(x, w, out, rows, n, eps, block)
     }
@@ -203,7 +231,7 @@ impl Backend for Wrapped {
         out: &mut Vec<f32>,
         len: usize,
         block: usize,
-    ) {
+    ) -> Result<(), ModelError> {
         self.push(Rot::Swiglu { len, block });
         self.inner.swiglu_hadamard(gate, up, out, len, block)
     }

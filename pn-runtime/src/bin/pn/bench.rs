@@ -149,7 +149,7 @@ fn run_test(
     let gen = bench_tokens(engine, n_gen, 3);
     // One untimed warm-up run (page in the weights, grow scratch buffers).
     for rep in 0..=reps {
-        session.reset();
+        session.reset()?;
         if depth > 0 {
             session.feed(&ctx_tokens)?;
         }
@@ -181,7 +181,7 @@ fn run_spec_tg(
     let mut total = SpecStats::default();
     let start = [bench_tokens(engine, depth, 1), bench_tokens(engine, 1, 3)].concat();
     for rep in 0..=reps {
-        session.reset();
+        session.reset()?;
         session.feed(&start)?;
         let stop = StopConditions {
             max_tokens: Some(n_gen),

@@ -70,7 +70,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = initial.clone();
-                session.reset();
+                session.reset()?;
                 eprintln!("(conversation reset)");
                 continue;
             }

@@ -4,7 +4,7 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::chat_template::{SubprocessSandbox, TemplateIsolation};
 use pn_runtime::engine::{
-    Device, Engine, EngineOptions, KvType, LoadProgress, ProgressFn, Speculation,
+    Device, Engine, EngineOptions, KvCacheType, LoadProgress, ProgressFn, Speculation,
 };
 use pn_runtime::sampling::SamplingParams;
 use std::io::IsTerminal;
@@ -27,10 +27,10 @@ pub struct ModelArgs {
     pub device: String,
     /// KV cache type for K: f32, f16, q8_0 or q4_0.
     #[arg(long = "cache-type-k", alias = "ctk", default_value = "f32")]
-    pub cache_type_k: KvType,
+    pub cache_type_k: KvCacheType,
     /// KV cache type for V: f32, f16, q8_0 or q4_0.
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f32")]
-    pub cache_type_v: KvType,
+    pub cache_type_v: KvCacheType,
     /// Speculative decoding: mtp (draft with the model's MTP head; plain decoding for a model
     /// without one) or none.
     #[arg(long = "spec", default_value = "mtp", value_parser = ["mtp", "none"])]

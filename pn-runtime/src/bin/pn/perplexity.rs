@@ -133,7 +133,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         if chunk.len() < 2 && base.is_none() {
             continue;
         }
-        session.reset();
+        session.reset()?;
         let logits = session.feed_all_logits(chunk)?;
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             if let Some(&next) = chunk.get(i + 1) {

@@ -10,7 +10,7 @@ use super::super::case::{
 use super::super::snapshot::Field;
 use pn_runtime::engine::Speculation;
 use pn_runtime::{Device, Engine, EngineOptions};
-use qwen_model::{CpuBackend, KvType, Model, Outputs};
+use qwen_model::{CpuBackend, KvCacheType, Model, Outputs};
 use std::path::Path;
 
 /// Distance to the transformers oracle allowed for the F16 model (the oracle tests' bound).
@@ -49,7 +49,7 @@ pub fn greedy(
     m: &Model<CpuBackend>,
     prompt: &[u32],
     n: usize,
-    kv: KvType,
+    kv: KvCacheType,
 ) -> Result<Vec<u32>, CaseError> {
     let v = m.config.vocab;
     let mut state = m.new_state_with_kv(prompt.len() + n, kv)?;
@@ -228,7 +228,7 @@ pub fn tiny_pn3(ctx: &Ctx) -> Result<Run, CaseError> {
             toks.len()
         ),
     ));
-    for (name, kv) in [("f32", KvType::F32), ("f16", KvType::F16)] {
+    for (name, kv) in [("f32", KvCacheType::F32), ("f16", KvCacheType::F16)] {
         let g = greedy(&m, &toks, 64, kv)?;
         out.fields
             .push(Field::exact(format!("greedy64.kv_{name}"), ids_text(&g)));
