@@ -25,8 +25,8 @@ pub mod state;
 pub mod weights;
 
 pub use backend::{
-    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, Requirements, RopeLayout,
-    Unsupported, WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnDims, GdnRowScratch, GdnTrace,
+    KvCacheType, Requirements, RopeLayout, Unsupported, WeightSource,
 };
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;

@@ -2,7 +2,9 @@
 //! (reference: `qwen38-architecture.md` sections 4 and 6).
 
 use crate::backend::GdnRowScratch;
-use crate::backend::{Backend, KvCacheType, Requirements, RopeLayout};
+use crate::backend::{
+    Backend, ConvShape, GateLayout, GdnArgs, GdnTrace, KvCacheType, Requirements, RopeLayout,
+};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::state::{LayerState, State, StateTrace};
@@ -624,20 +626,17 @@ impl<B: Backend> Model<B> {
             vc,
             &mut ws.attn,
             &c.attn_layout(),
-            rows,
-            cache_pos0,
+            cache_pos0..cache_pos0 + rows,
         )?;
         // Output gate: the second half of each head's q-projection slice, through a sigmoid.
-        be.sigmoid_gate(
-            &mut ws.attn,
-            &ws.qg,
-            rows,
-            hq,
-            dh,
-            dh,
-            c.q_proj_dim(),
-            2 * dh,
-        )?;
+        let gate = GateLayout {
+            n_heads: hq,
+            head_dim: dh,
+            offset: dh,
+            token_stride: c.q_proj_dim(),
+            head_stride: 2 * dh,
+        };
+        be.sigmoid_gate(&mut ws.attn, &ws.qg, &gate, rows)?;
         project(be, &mut ws.rot, blk, &ws.attn, rows, [(&aw.o, &mut ws.mix)])
     }
 
@@ -694,42 +693,33 @@ impl<B: Backend> Model<B> {
                 )?;
             }
         }
-        be.conv1d_silu(
-            &ws.u,
-            &gw.conv,
-            conv,
-            &mut ws.y,
-            rows,
-            g.conv_dim(),
-            g.conv_kernel,
-        )?;
+        let shape = ConvShape {
+            channels: g.conv_dim(),
+            kernel: g.conv_kernel,
+        };
+        be.conv1d_silu(&ws.u, &gw.conv, conv, &mut ws.y, shape, rows)?;
+        let args = GdnArgs {
+            dims: g,
+            n_tokens: rows,
+            y: &mut ws.y,
+            b: &mut ws.b,
+            alpha: &mut ws.al,
+            a: &gw.a,
+            dt_bias: &gw.dt_bias,
+            state: ssm,
+            out: &mut ws.o,
+        };
         match trace {
-            None => be.gated_delta_rule(
-                &mut ws.y,
-                &mut ws.b,
-                &mut ws.al,
-                &gw.a,
-                &gw.dt_bias,
-                ssm,
-                &mut ws.o,
-                g,
-                rows,
-            ),
+            None => be.gated_delta_rule(args)?,
             Some(t) => be.gated_delta_rule_traced(
-                &mut ws.y,
-                &mut ws.b,
-                &mut ws.al,
-                &gw.a,
-                &gw.dt_bias,
-                ssm,
-                &mut ws.o,
-                g,
-                rows,
-                t.ssm,
-                t.row0,
-                t.scratch,
-            ),
-        }?;
+                args,
+                GdnTrace {
+                    states: t.ssm,
+                    row0: t.row0,
+                    scratch: t.scratch,
+                },
+            )?,
+        }
         be.gated_rms_norm(
             &mut ws.o,
             &ws.z,

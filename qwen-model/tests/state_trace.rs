@@ -5,7 +5,9 @@
 mod common;
 
 use common::{tiny, Wrapped};
-use qwen_model::{Backend, CpuBackend, GdnDims, GdnRowScratch, Model, Outputs, StateTrace};
+use qwen_model::{
+    Backend, CpuBackend, GdnArgs, GdnDims, GdnRowScratch, GdnTrace, Model, Outputs, StateTrace,
+};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
@@ -204,18 +206,22 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
     let mut trace = vec![f32::NAN; (n + 1) * d.state_len()];
     let mut scratch = GdnRowScratch::new(&be, &d).unwrap();
     be.gated_delta_rule_traced(
-        &mut y,
-        &mut b,
-        &mut al,
-        &a,
-        &dt,
-        &mut s,
-        &mut out,
-        &d,
-        n,
-        &mut trace,
-        1,
-        &mut scratch,
+        GdnArgs {
+            dims: &d,
+            n_tokens: n,
+            y: &mut y,
+            b: &mut b,
+            alpha: &mut al,
+            a: &a,
+            dt_bias: &dt,
+            state: &mut s,
+            out: &mut out,
+        },
+        GdnTrace {
+            states: &mut trace,
+            row0: 1,
+            scratch: &mut scratch,
+        },
     )
     .unwrap();
 
@@ -226,8 +232,18 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
         let mut br = b0[t * hv..(t + 1) * hv].to_vec();
         let mut ar = al0[t * hv..(t + 1) * hv].to_vec();
         let mut o = vec![0.0; vd];
-        be.gated_delta_rule(&mut yr, &mut br, &mut ar, &a, &dt, &mut s1, &mut o, &d, 1)
-            .unwrap();
+        be.gated_delta_rule(GdnArgs {
+            dims: &d,
+            n_tokens: 1,
+            y: &mut yr,
+            b: &mut br,
+            alpha: &mut ar,
+            a: &a,
+            dt_bias: &dt,
+            state: &mut s1,
+            out: &mut o,
+        })
+        .unwrap();
         assert_eq!(bits(&out[t * vd..(t + 1) * vd]), bits(&o), "row {t} output");
         assert_eq!(
             bits(&trace[(t + 1) * sl..(t + 2) * sl]),

@@ -19,8 +19,8 @@ pub use memory::{MemoryPlan, ATTN_SCRATCH_FLOATS, RESERVE_BYTES};
 pub use weight::{device_type, CudaWeight};
 
 use crate::{
-    AttnLayout, Backend, GdnDims, KvCacheType, ModelError, Requirements, RopeLayout, Unsupported,
-    WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnDims, KvCacheType, ModelError,
+    Requirements, RopeLayout, Unsupported, WeightSource,
 };
 use half::f16;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
@@ -1088,9 +1088,9 @@ impl Backend for CudaBackend {
         v_cache: &CudaKv,
         out: &mut CudaBuf,
         layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
+        positions: std::ops::Range<usize>,
     ) -> Result<(), ModelError> {
+        let (n_tokens, pos0) = (positions.len(), positions.start);
         self.try_attention(q, k_cache, v_cache, out, layout, n_tokens, pos0)
             .map_err(Into::into)
     }
@@ -1099,13 +1099,16 @@ impl Backend for CudaBackend {
         &self,
         x: &mut CudaBuf,
         gate: &CudaBuf,
+        g: &GateLayout,
         n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        gate_offset: usize,
-        gate_token_stride: usize,
-        gate_head_stride: usize,
     ) -> Result<(), ModelError> {
+        let GateLayout {
+            n_heads,
+            head_dim,
+            offset: gate_offset,
+            token_stride: gate_token_stride,
+            head_stride: gate_head_stride,
+        } = *g;
         const OP: &str = "sigmoid_gate";
         let r: Result<(), CudaError> = (|| {
             if n_tokens * n_heads * head_dim == 0 {
@@ -1138,10 +1141,10 @@ impl Backend for CudaBackend {
         w: &CudaBuf,
         state: &mut CudaBuf,
         y: &mut CudaBuf,
+        shape: ConvShape,
         n_tokens: usize,
-        channels: usize,
-        kernel: usize,
     ) -> Result<(), ModelError> {
+        let ConvShape { channels, kernel } = shape;
         const OP: &str = "conv1d_silu";
         let r: Result<(), CudaError> = (|| {
             if kernel != CONV_KERNEL {
@@ -1164,18 +1167,18 @@ impl Backend for CudaBackend {
         r.map_err(Into::into)
     }
 
-    fn gated_delta_rule(
-        &self,
-        y: &mut CudaBuf,
-        b: &mut CudaBuf,
-        alpha: &mut CudaBuf,
-        a: &CudaBuf,
-        dt_bias: &CudaBuf,
-        state: &mut CudaBuf,
-        out: &mut CudaBuf,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) -> Result<(), ModelError> {
+    fn gated_delta_rule(&self, args: GdnArgs<'_, CudaBuf>) -> Result<(), ModelError> {
+        let GdnArgs {
+            dims,
+            n_tokens,
+            y,
+            b,
+            alpha,
+            a,
+            dt_bias,
+            state,
+            out,
+        } = args;
         self.try_gdn(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
             .map_err(Into::into)
     }
