@@ -42,13 +42,15 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// several) in both: a one-row call rounds differently from a multi-row one, so a prefix whose
 /// last chunk is a single row (k = 1 in one chunk) is only within rounding of the trace.
 fn check_model(path: &PathBuf, ws_rows: usize) {
-    let m = Model::load(path, CpuBackend::new(2)).expect("model");
+    // Every op delegated to the CPU backend (its traced delta rule included), with the
+    // `embed` calls counted: one trunk pass embeds each of its workspace chunks once.
+    let m = Model::load(path, Wrapped::delegating(CpuBackend::new(2))).expect("model");
     let (cfg, be, v) = (&m.config, &m.backend, m.config.vocab);
     let prompt = toks(9, 1, v);
     let batch = toks(6, 2, v);
     let m_rows = batch.len();
     let mut scratch = vec![0.0; v];
-    let fresh = |ws: &mut qwen_model::Workspace<CpuBackend>, k: usize| {
+    let fresh = |ws: &mut qwen_model::Workspace<Wrapped>, k: usize| {
         let mut r = m.new_state(64).unwrap();
         let mut l = vec![0.0; v];
         m.forward(&mut r, ws, &prompt, Outputs::last_logits(&mut l))
@@ -70,7 +72,7 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
     .unwrap();
     let mut trace = StateTrace::new(cfg, be, m_rows).unwrap();
     let mut got = vec![0.0; m_rows * v];
-    let (passes, rows) = (m.trunk_passes(), m.trunk_rows());
+    let (passes, rows) = be.embeds();
     m.forward_traced(
         &mut st,
         &mut ws,
@@ -79,8 +81,13 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
         &mut trace,
     )
     .unwrap();
-    assert_eq!(m.trunk_passes(), passes + 1, "one trunk pass");
-    assert_eq!(m.trunk_rows(), rows + m_rows as u64);
+    let (passes_after, rows_after) = be.embeds();
+    assert_eq!(
+        passes_after,
+        passes + m_rows.div_ceil(ws_rows) as u64,
+        "one trunk pass (one embed per workspace chunk)"
+    );
+    assert_eq!(rows_after, rows + m_rows as u64);
     assert_eq!((trace.pos0(), trace.rows()), (prompt.len(), m_rows));
 
     // The untraced pass (same chunking) gives the same logits and final state.
