@@ -1,13 +1,13 @@
 //! [`Backend`] for [`CudaBackend`]: a thin adapter from the trait's ops to the backend's own
 //! (`try_*`, each in the module of its op family), turning [`CudaError`] into [`ModelError`].
 
-use super::gdn::GdnCall;
 use super::{caps, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use crate::{
-    AttnLayout, Backend, GdnDims, KvCacheType, ModelError, Requirements, RopeLayout, Unsupported,
-    WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, Requirements,
+    RopeLayout, Unsupported, WeightSource,
 };
 use pn_kernels::{NormShape, RowLayout};
+use std::ops::Range;
 
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
@@ -161,10 +161,8 @@ impl Backend for CudaBackend {
         v_cache: &CudaKv,
         out: &mut CudaBuf,
         layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
+        positions: Range<usize>,
     ) -> Result<(), ModelError> {
-        let positions = pos0..pos0 + n_tokens;
         Ok(self.try_attention(q, (k_cache, v_cache), out, layout, positions)?)
     }
 
@@ -172,20 +170,16 @@ impl Backend for CudaBackend {
         &self,
         x: &mut CudaBuf,
         gate: &CudaBuf,
+        g: &GateLayout,
         n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        gate_offset: usize,
-        gate_token_stride: usize,
-        gate_head_stride: usize,
     ) -> Result<(), ModelError> {
         let gl = RowLayout {
             tokens: n_tokens,
-            heads: n_heads,
-            tok_stride: gate_token_stride,
-            head_stride: gate_head_stride,
+            heads: g.n_heads,
+            tok_stride: g.token_stride,
+            head_stride: g.head_stride,
         };
-        Ok(self.try_sigmoid_gate(x, (gate, gate_offset), gl, head_dim)?)
+        Ok(self.try_sigmoid_gate(x, (gate, g.offset), gl, g.head_dim)?)
     }
 
     fn conv1d_silu(
@@ -194,36 +188,14 @@ impl Backend for CudaBackend {
         w: &CudaBuf,
         state: &mut CudaBuf,
         y: &mut CudaBuf,
+        shape: ConvShape,
         n_tokens: usize,
-        channels: usize,
-        kernel: usize,
     ) -> Result<(), ModelError> {
-        Ok(self.try_conv1d_silu((u, w), state, y, (channels, kernel), n_tokens)?)
+        Ok(self.try_conv1d_silu((u, w), state, y, shape, n_tokens)?)
     }
 
-    fn gated_delta_rule(
-        &self,
-        y: &mut CudaBuf,
-        b: &mut CudaBuf,
-        alpha: &mut CudaBuf,
-        a: &CudaBuf,
-        dt_bias: &CudaBuf,
-        state: &mut CudaBuf,
-        out: &mut CudaBuf,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) -> Result<(), ModelError> {
-        Ok(self.try_gdn(GdnCall {
-            dims,
-            n_tokens,
-            y,
-            b,
-            alpha,
-            a,
-            dt_bias,
-            state,
-            out,
-        })?)
+    fn gated_delta_rule(&self, args: GdnArgs<'_, CudaBuf>) -> Result<(), ModelError> {
+        Ok(self.try_gdn(args)?)
     }
 
     fn swiglu(&self, gate: &mut CudaBuf, up: &CudaBuf, len: usize) -> Result<(), ModelError> {

@@ -3,31 +3,8 @@
 
 use super::GDN_HEAD_DIM;
 use super::{gdn_chunked, view, view_mut, CudaBackend, CudaBuf, CudaError, CONV_KERNEL};
-use crate::GdnDims;
+use crate::{ConvShape, GdnArgs};
 use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, Gpu, NormShape, RowLayout, RowStrides};
-
-/// The buffers of one gated delta-rule call over `n_tokens` rows of a layer shaped `dims`
-/// (shapes as [`crate::Backend::gated_delta_rule`] documents them).
-pub(super) struct GdnCall<'a> {
-    /// Shape of the layer.
-    pub dims: &'a GdnDims,
-    /// Rows (tokens) of the call.
-    pub n_tokens: usize,
-    /// Post-conv rows `[n_tokens, conv_dim]`: q | k | v; q and k are L2-normalised in place.
-    pub y: &'a mut CudaBuf,
-    /// Raw beta `[n_tokens, Hv]`.
-    pub b: &'a CudaBuf,
-    /// Raw alpha `[n_tokens, Hv]`.
-    pub alpha: &'a CudaBuf,
-    /// The layer's `ssm_a`, `[Hv]`.
-    pub a: &'a CudaBuf,
-    /// The layer's `ssm_dt` bias, `[Hv]`.
-    pub dt_bias: &'a CudaBuf,
-    /// Recurrent state `[Hv, dv, dk]`, read and updated.
-    pub state: &'a mut CudaBuf,
-    /// Output rows `[n_tokens, Hv * dv]`.
-    pub out: &'a mut CudaBuf,
-}
 
 impl CudaBackend {
     /// Causal conv1d (kernel [`CONV_KERNEL`]) + SiLU of `n_tokens` rows of `channels`, with
@@ -37,7 +14,7 @@ impl CudaBackend {
         (u, w): (&CudaBuf, &CudaBuf),
         state: &mut CudaBuf,
         y: &mut CudaBuf,
-        (channels, kernel): (usize, usize),
+        ConvShape { channels, kernel }: ConvShape,
         n_tokens: usize,
     ) -> Result<(), CudaError> {
         const OP: &str = "conv1d_silu";
@@ -57,7 +34,7 @@ impl CudaBackend {
     }
 
     /// The gated delta rule of one call: L2 norms of q and k in place, then the recurrence.
-    pub(super) fn try_gdn(&self, c: GdnCall<'_>) -> Result<(), CudaError> {
+    pub(super) fn try_gdn(&self, c: GdnArgs<'_, CudaBuf>) -> Result<(), CudaError> {
         const OP: &str = "gated_delta_rule";
         let (d, n_tokens) = (c.dims, c.n_tokens);
         // Backend::supports refuses any other head dims at model bind.
@@ -81,11 +58,12 @@ impl CudaBackend {
             self.gpu.l2_norm_inplace(&mut kv, ql, norm, 1.0)?;
         }
         let y = &*c.y;
+        let (b, alpha) = (&*c.b, &*c.alpha);
         let qv = view(OP, y, 0, (n_tokens - 1) * cd + kd)?;
         let kv = view(OP, y, kd, (n_tokens - 1) * cd + kd)?;
         let vv = view(OP, y, 2 * kd, (n_tokens - 1) * cd + d.value_dim())?;
-        let bv = view(OP, c.b, 0, n_tokens * hv)?;
-        let av = view(OP, c.alpha, 0, n_tokens * hv)?;
+        let bv = view(OP, b, 0, n_tokens * hv)?;
+        let av = view(OP, alpha, 0, n_tokens * hv)?;
         let dtv = view(OP, c.dt_bias, 0, hv)?;
         let sav = view(OP, c.a, 0, hv)?;
         let mut sv = view_mut(OP, c.state, 0, d.state_len())?;
