@@ -74,6 +74,67 @@ impl GdnDims {
     }
 }
 
+/// Where the output gate of an attention call sits in the gate buffer
+/// ([`Backend::sigmoid_gate`]): head `h` of token `t` reads `head_dim` gate values from float
+/// `offset + t * token_stride + h * head_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateLayout {
+    /// Heads per token.
+    pub n_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Float of the first token's first head's gate.
+    pub offset: usize,
+    /// Floats between consecutive tokens' gates.
+    pub token_stride: usize,
+    /// Floats between consecutive heads' gates of one token.
+    pub head_stride: usize,
+}
+
+/// Shape of a causal depthwise conv1d ([`Backend::conv1d_silu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    /// Channels (floats per row).
+    pub channels: usize,
+    /// Kernel length (the conv state holds the last `kernel - 1` input rows).
+    pub kernel: usize,
+}
+
+/// The buffers of one Gated DeltaNet core call ([`Backend::gated_delta_rule`]) over
+/// `n_tokens` rows of a layer shaped `dims` (`Hk`/`Hv` key/value heads of `dk`/`dv`).
+pub struct GdnArgs<'a, T> {
+    /// Shape of the layer.
+    pub dims: &'a GdnDims,
+    /// Rows (tokens) of the call.
+    pub n_tokens: usize,
+    /// Post-conv rows `[n_tokens, conv_dim]`, each `q [Hk * dk] | k [Hk * dk] | v [Hv * dv]`;
+    /// q and k are L2-normalised in place (q also scaled).
+    pub y: &'a mut T,
+    /// Beta inputs `[n_tokens, Hv]`, turned into beta in place.
+    pub b: &'a mut T,
+    /// Decay inputs `[n_tokens, Hv]`, turned into the log-decay in place.
+    pub alpha: &'a mut T,
+    /// The layer's `ssm_a`, `[Hv]`.
+    pub a: &'a T,
+    /// The layer's `ssm_dt` bias, `[Hv]`.
+    pub dt_bias: &'a T,
+    /// Recurrent state `[Hv, dv, dk]`, read and updated.
+    pub state: &'a mut T,
+    /// Output rows `[n_tokens, Hv * dv]`.
+    pub out: &'a mut T,
+}
+
+/// Where [`Backend::gated_delta_rule_traced`] records the recurrent state after each row.
+pub struct GdnTrace<'a, T> {
+    /// Recorded states `[max_rows, Hv * dv * dk]`; row `t` of the call goes to row
+    /// `row0 + t`.
+    pub states: &'a mut T,
+    /// Trace row of the call's first row.
+    pub row0: usize,
+    /// One-row work buffers of the trait default.
+    pub scratch: &'a mut GdnRowScratch<T>,
+}
+
 /// One-row work buffers of the default [`Backend::gated_delta_rule_traced`].
 pub struct GdnRowScratch<T> {
     /// One post-conv row, `conv_dim` floats.
@@ -404,9 +465,9 @@ pub trait Backend: Send + Sync {
         theta: f32,
     ) -> Result<(), ModelError>;
 
-    /// Causal GQA attention of `n_tokens` query tokens at positions `pos0..` against the cache
-    /// (which already holds positions `0..pos0 + n_tokens`); output `[n_tokens, Hq * head_dim]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal GQA attention of the query tokens at sequence positions `positions` (rows of
+    /// `q`, `[positions.len(), ..]` laid out as `layout` says) against the caches, which
+    /// already hold positions `0..positions.end`; output `[positions.len(), Hq * head_dim]`.
     fn attention(
         &self,
         q: &Self::Buf,
@@ -414,106 +475,53 @@ pub trait Backend: Send + Sync {
         v_cache: &Self::KvBuf,
         out: &mut Self::Buf,
         layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
+        positions: std::ops::Range<usize>,
     ) -> Result<(), ModelError>;
-    /// `x[t, h, :] *= sigmoid(gate[gate_offset + t * gate_token_stride + h * gate_head_stride ..])`.
-    #[allow(clippy::too_many_arguments)]
+    /// `x[t, h, :] *= sigmoid(gate[g.offset + t * g.token_stride + h * g.head_stride ..])` for
+    /// the `n_tokens` rows of `x` (`[n_tokens, n_heads * head_dim]`), `g` the gate layout.
     fn sigmoid_gate(
         &self,
         x: &mut Self::Buf,
         gate: &Self::Buf,
+        g: &GateLayout,
         n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        gate_offset: usize,
-        gate_token_stride: usize,
-        gate_head_stride: usize,
     ) -> Result<(), ModelError>;
 
-    /// Causal depthwise conv1d + SiLU over `n_tokens` rows of `u` into `y`, with the conv state
-    /// (last `kernel - 1` pre-conv rows) read and updated.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal depthwise conv1d + SiLU over `n_tokens` rows of `u` (`[n_tokens, channels]`,
+    /// weights `w` `[channels, kernel]`) into `y`, with the conv state (the last `kernel - 1`
+    /// pre-conv rows, `[kernel - 1, channels]`) read and updated.
     fn conv1d_silu(
         &self,
         u: &Self::Buf,
         w: &Self::Buf,
         state: &mut Self::Buf,
         y: &mut Self::Buf,
+        shape: ConvShape,
         n_tokens: usize,
-        channels: usize,
-        kernel: usize,
     ) -> Result<(), ModelError>;
 
-    /// The Gated DeltaNet core for `n_tokens` tokens: L2-normalises q/k of `y` in place (and
-    /// scales q), turns `b`/`alpha` into beta and log-decay in place, runs the gated delta rule
-    /// over the recurrent state and writes `out` (`[n_tokens, Hv * dv]`). Backends may use the
-    /// chunked form for long inputs; it must match the recurrent one.
-    #[allow(clippy::too_many_arguments)]
-    fn gated_delta_rule(
-        &self,
-        y: &mut Self::Buf,
-        b: &mut Self::Buf,
-        alpha: &mut Self::Buf,
-        a: &Self::Buf,
-        dt_bias: &Self::Buf,
-        state: &mut Self::Buf,
-        out: &mut Self::Buf,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) -> Result<(), ModelError>;
+    /// The Gated DeltaNet core for `args.n_tokens` tokens: L2-normalises q/k of `args.y` in
+    /// place (and scales q), turns `b`/`alpha` into beta and log-decay in place, runs the gated
+    /// delta rule over the recurrent state and writes `out` (`[n_tokens, Hv * dv]`). Backends
+    /// may use the chunked form for long inputs; it must match the recurrent one.
+    fn gated_delta_rule(&self, args: GdnArgs<'_, Self::Buf>) -> Result<(), ModelError>;
 
     /// [`Backend::gated_delta_rule`] that also records the recurrent state after each of the
-    /// `n_tokens` rows into `trace` (row `t`'s state at float `(trace_row0 + t) *
+    /// `n_tokens` rows into `trace.states` (row `t`'s state at float `(trace.row0 + t) *
     /// dims.state_len()`), for rolling a speculative verification back to any accepted prefix
     /// without re-running it. `out` and the final `state` are as for `gated_delta_rule`; the
     /// contents of `y`, `b` and `alpha` afterwards are unspecified.
     ///
     /// Every recorded state must have the bits a one-row `gated_delta_rule` call per token
     /// gives (what plain decoding computes), so the default runs the rows one at a time
-    /// through `scratch` (each buffer sized for one row, see [`GdnRowScratch::new`]); a
+    /// through `trace.scratch` (each buffer sized for one row, see [`GdnRowScratch::new`]); a
     /// backend overrides it only where its batched kernel has those bits.
-    #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_traced(
         &self,
-        y: &mut Self::Buf,
-        b: &mut Self::Buf,
-        alpha: &mut Self::Buf,
-        a: &Self::Buf,
-        dt_bias: &Self::Buf,
-        state: &mut Self::Buf,
-        out: &mut Self::Buf,
-        dims: &GdnDims,
-        n_tokens: usize,
-        trace: &mut Self::Buf,
-        trace_row0: usize,
-        scratch: &mut GdnRowScratch<Self::Buf>,
+        args: GdnArgs<'_, Self::Buf>,
+        trace: GdnTrace<'_, Self::Buf>,
     ) -> Result<(), ModelError> {
-        let (cd, hv, vd, sl) = (
-            dims.conv_dim(),
-            dims.n_v_heads,
-            dims.value_dim(),
-            dims.state_len(),
-        );
-        for t in 0..n_tokens {
-            self.copy(y, t * cd, &mut scratch.y, 0, cd)?;
-            self.copy(b, t * hv, &mut scratch.b, 0, hv)?;
-            self.copy(alpha, t * hv, &mut scratch.alpha, 0, hv)?;
-            self.gated_delta_rule(
-                &mut scratch.y,
-                &mut scratch.b,
-                &mut scratch.alpha,
-                a,
-                dt_bias,
-                state,
-                &mut scratch.out,
-                dims,
-                1,
-            )?;
-            self.copy(&scratch.out, 0, out, t * vd, vd)?;
-            self.copy(state, 0, trace, (trace_row0 + t) * sl, sl)?;
-        }
-        Ok(())
+        gdn_traced_by_rows(self, args, trace)
     }
 
     /// `gate = silu(gate) * up` over `len` floats.
@@ -559,4 +567,56 @@ pub trait Backend: Send + Sync {
         self.swiglu(out, up, len)?;
         self.hadamard(out, len, block)
     }
+}
+
+/// The trait default of [`Backend::gated_delta_rule_traced`]: the rows one at a time through
+/// one-row [`Backend::gated_delta_rule`] calls in `trace.scratch`, the state copied into the
+/// trace after each. Public so a backend that overrides the op (or a test wrapper) can still
+/// run or compare against it.
+pub fn gdn_traced_by_rows<B: Backend + ?Sized>(
+    be: &B,
+    args: GdnArgs<'_, B::Buf>,
+    trace: GdnTrace<'_, B::Buf>,
+) -> Result<(), ModelError> {
+    let GdnArgs {
+        dims,
+        n_tokens,
+        y,
+        b,
+        alpha,
+        a,
+        dt_bias,
+        state,
+        out,
+    } = args;
+    let GdnTrace {
+        states,
+        row0,
+        scratch,
+    } = trace;
+    let (cd, hv, vd, sl) = (
+        dims.conv_dim(),
+        dims.n_v_heads,
+        dims.value_dim(),
+        dims.state_len(),
+    );
+    for t in 0..n_tokens {
+        be.copy(y, t * cd, &mut scratch.y, 0, cd)?;
+        be.copy(b, t * hv, &mut scratch.b, 0, hv)?;
+        be.copy(alpha, t * hv, &mut scratch.alpha, 0, hv)?;
+        be.gated_delta_rule(GdnArgs {
+            dims,
+            n_tokens: 1,
+            y: &mut scratch.y,
+            b: &mut scratch.b,
+            alpha: &mut scratch.alpha,
+            a,
+            dt_bias,
+            state: &mut *state,
+            out: &mut scratch.out,
+        })?;
+        be.copy(&scratch.out, 0, out, t * vd, vd)?;
+        be.copy(state, 0, states, (row0 + t) * sl, sl)?;
+    }
+    Ok(())
 }

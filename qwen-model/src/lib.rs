@@ -25,12 +25,12 @@ pub mod state;
 pub mod weights;
 
 pub use backend::{
-    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, Requirements, RopeLayout,
-    Unsupported, WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnDims, GdnRowScratch, GdnTrace,
+    KvCacheType, Requirements, RopeLayout, Unsupported, WeightSource,
 };
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use model::{Model, Outputs, Workspace};
-pub use state::{kv_bytes_per_token, Snapshot, State, StateTrace};
+pub use state::{kv_bytes_per_token, GdnState, Snapshot, State, StateTrace};
 pub use weights::Weights;

@@ -7,7 +7,7 @@ use crate::error::ModelError;
 
 /// State of one trunk layer.
 pub enum LayerState<B: Backend> {
-    /// KV cache `[capacity, Hkv * Dh]` each (f32 or f16).
+    /// KV cache `[capacity, Hkv * Dh]` each (elements of the state's [`KvCacheType`]s).
     Attention {
         /// Keys (after norm and RoPE).
         k: B::KvBuf,
@@ -15,21 +15,29 @@ pub enum LayerState<B: Backend> {
         v: B::KvBuf,
     },
     /// Gated DeltaNet state.
-    DeltaNet {
-        /// Last `kernel - 1` pre-conv rows, `[kernel - 1, conv_dim]`.
-        conv: B::Buf,
-        /// Recurrent state `[Hv, dv, dk]`.
-        ssm: B::Buf,
-    },
+    DeltaNet(GdnState<B>),
+}
+
+/// The state one Gated DeltaNet layer carries between tokens.
+pub struct GdnState<B: Backend> {
+    /// Last `kernel - 1` pre-conv rows, `[kernel - 1, conv_dim]`.
+    pub conv: B::Buf,
+    /// Recurrent state `[Hv, dv, dk]`.
+    pub ssm: B::Buf,
 }
 
 /// Everything a sequence carries between forward calls.
 pub struct State<B: Backend> {
+    /// Per trunk layer, in order: its KV cache or its GDN state.
     pub(crate) layers: Vec<LayerState<B>>,
     /// MTP KV cache (an attention layer state), when the model has an MTP block.
     pub(crate) mtp: Option<LayerState<B>>,
+    /// Tokens the trunk has processed: the position of the next token, the rows of the KV
+    /// caches in use.
     pub(crate) pos: usize,
+    /// Rows of the MTP KV cache in use.
     pub(crate) mtp_len: usize,
+    /// Positions every KV cache holds.
     pub(crate) capacity: usize,
 }
 
@@ -50,8 +58,12 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, k_type: KvCacheType, v_type: KvCach
 /// A copy of the recurrent part of a [`State`] plus the positions, to roll back to (speculative
 /// decoding, prompt caching). KV entries past the snapshot's position are simply overwritten.
 pub struct Snapshot<B: Backend> {
+    /// Per trunk layer: for a GDN layer copies of its conv state `[kernel - 1, conv_dim]` and
+    /// recurrent state `[Hv, dv, dk]`; `None` for an attention layer.
     layers: Vec<Option<(B::Buf, B::Buf)>>,
+    /// [`State::pos`] when taken.
     pos: usize,
+    /// [`State::mtp_len`] when taken.
     mtp_len: usize,
 }
 
@@ -73,7 +85,9 @@ pub struct StateTrace<B: Backend> {
     /// Per trunk layer: for a GDN layer the conv states `[max_rows, conv_state_len]` and the
     /// recurrent states `[max_rows, state_len]`, row `t` holding the state after input row `t`.
     pub(crate) layers: Vec<Option<(B::Buf, B::Buf)>>,
+    /// One-row work buffers of the backend's traced delta rule.
     pub(crate) scratch: GdnRowScratch<B::Buf>,
+    /// Most rows one traced pass may record.
     max_rows: usize,
     /// Trunk position before the traced pass.
     pub(crate) pos0: usize,
@@ -172,10 +186,10 @@ impl<B: Backend> State<B> {
                         k: backend.alloc_kv(capacity * kv, k_type)?,
                         v: backend.alloc_kv(capacity * kv, v_type)?,
                     },
-                    LayerKind::GatedDeltaNet => LayerState::DeltaNet {
+                    LayerKind::GatedDeltaNet => LayerState::DeltaNet(GdnState {
                         conv: backend.alloc(cfg.gdn.conv_state_len())?,
                         ssm: backend.alloc(cfg.gdn.state_len())?,
-                    },
+                    }),
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -214,7 +228,7 @@ impl<B: Backend> State<B> {
     /// Back to an empty sequence (zeroes the recurrent state; KV rows are overwritten later).
     pub fn reset(&mut self, cfg: &ModelConfig, backend: &B) -> Result<(), ModelError> {
         for l in &mut self.layers {
-            if let LayerState::DeltaNet { conv, ssm } = l {
+            if let LayerState::DeltaNet(GdnState { conv, ssm }) = l {
                 backend.zero(conv, cfg.gdn.conv_state_len())?;
                 backend.zero(ssm, cfg.gdn.state_len())?;
             }
@@ -235,7 +249,7 @@ impl<B: Backend> State<B> {
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::DeltaNet { conv, ssm } => {
+                LayerState::DeltaNet(GdnState { conv, ssm }) => {
                     let mut c = backend.alloc(cfg.gdn.conv_state_len())?;
                     let mut s = backend.alloc(cfg.gdn.state_len())?;
                     backend.copy(conv, 0, &mut c, 0, cfg.gdn.conv_state_len())?;
@@ -260,7 +274,7 @@ impl<B: Backend> State<B> {
         snap: &mut Snapshot<B>,
     ) -> Result<(), ModelError> {
         for (l, s) in self.layers.iter().zip(snap.layers.iter_mut()) {
-            if let (LayerState::DeltaNet { conv, ssm }, Some((c, st))) = (l, s) {
+            if let (LayerState::DeltaNet(GdnState { conv, ssm }), Some((c, st))) = (l, s) {
                 backend.copy(conv, 0, c, 0, cfg.gdn.conv_state_len())?;
                 backend.copy(ssm, 0, st, 0, cfg.gdn.state_len())?;
             }
@@ -291,7 +305,7 @@ impl<B: Backend> State<B> {
         let (cl, sl) = (cfg.gdn.conv_state_len(), cfg.gdn.state_len());
         let r = rows - 1;
         for (l, t) in self.layers.iter_mut().zip(trace.layers.iter()) {
-            if let (LayerState::DeltaNet { conv, ssm }, Some((tc, ts))) = (l, t) {
+            if let (LayerState::DeltaNet(GdnState { conv, ssm }), Some((tc, ts))) = (l, t) {
                 backend.copy(tc, r * cl, conv, 0, cl)?;
                 backend.copy(ts, r * sl, ssm, 0, sl)?;
             }
@@ -307,7 +321,7 @@ impl<B: Backend> State<B> {
         let (cl, sl) = (cfg.gdn.conv_state_len(), cfg.gdn.state_len());
         let mut v = Vec::new();
         for l in &self.layers {
-            if let LayerState::DeltaNet { conv, ssm } = l {
+            if let LayerState::DeltaNet(GdnState { conv, ssm }) = l {
                 let at = v.len();
                 v.resize(at + cl + sl, 0.0);
                 backend.download(conv, 0, &mut v[at..at + cl])?;
@@ -326,7 +340,7 @@ impl<B: Backend> State<B> {
         snap: &Snapshot<B>,
     ) -> Result<(), ModelError> {
         for (l, s) in self.layers.iter_mut().zip(snap.layers.iter()) {
-            if let (LayerState::DeltaNet { conv, ssm }, Some((c, st))) = (l, s) {
+            if let (LayerState::DeltaNet(GdnState { conv, ssm }), Some((c, st))) = (l, s) {
                 backend.copy(c, 0, conv, 0, cfg.gdn.conv_state_len())?;
                 backend.copy(st, 0, ssm, 0, cfg.gdn.state_len())?;
             }

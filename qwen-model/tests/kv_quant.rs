@@ -103,7 +103,7 @@ fn attention_reads_every_cache_type_pair_in_place() {
             be.kv_write(&v, &mut vc, 0, len).unwrap();
             assert_eq!((kc.kv_type(), vc.kv_type()), (kt, vt));
             let mut out = vec![0.0; n * hq * dh];
-            be.attention(&q, &kc, &vc, &mut out, &layout, n, pos0)
+            be.attention(&q, &kc, &vc, &mut out, &layout, pos0..pos0 + n)
                 .unwrap();
             // Against the dequantized values: the in-place block reads lose nothing more.
             let want = naive_attention(

@@ -1,7 +1,9 @@
 //! CPU backend ops against naive scalar implementations written here (f64 where it helps).
 #![allow(clippy::needless_range_loop)] // the naive references index like the formulas
 
-use qwen_model::backend::{AttnLayout, Backend, GdnDims, RopeLayout};
+use qwen_model::backend::{
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnDims, RopeLayout,
+};
 use qwen_model::CpuBackend;
 // `randn`, `max_diff`: the kit's helpers under this file's short names.
 use pn_tests::{max_abs as max_diff, random_signed as randn};
@@ -88,8 +90,14 @@ fn gated_rms_norm_swiglu_sigmoid_gate_match_naive() {
     let qg = randn(&mut rng, tokens * hq * 2 * dh, 4.0);
     let o = randn(&mut rng, tokens * hq * dh, 1.0);
     let mut got = o.clone();
-    be.sigmoid_gate(&mut got, &qg, tokens, hq, dh, dh, hq * 2 * dh, 2 * dh)
-        .unwrap();
+    let gate = GateLayout {
+        n_heads: hq,
+        head_dim: dh,
+        offset: dh,
+        token_stride: hq * 2 * dh,
+        head_stride: 2 * dh,
+    };
+    be.sigmoid_gate(&mut got, &qg, &gate, tokens).unwrap();
     for t in 0..tokens {
         for h in 0..hq {
             for i in 0..dh {
@@ -197,7 +205,7 @@ fn attention_matches_naive_softmax() {
         qwen_model::cpu::CpuKv::F32(k.clone()),
         qwen_model::cpu::CpuKv::F32(v.clone()),
     );
-    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0)
+    be.attention(&q, &kc, &vc, &mut out, &layout, pos0..pos0 + n_tokens)
         .unwrap();
     let want = naive_attention(&q, &k, &v, &layout, n_tokens, pos0);
     let d = max_diff(&out, &want);
@@ -242,9 +250,11 @@ fn conv1d_in_pieces_matches_whole_sequence() {
                 &w,
                 &mut state,
                 &mut y,
+                ConvShape {
+                    channels: c,
+                    kernel: k,
+                },
                 p,
-                c,
-                k,
             )
             .unwrap();
             got.extend_from_slice(&y);
@@ -347,9 +357,17 @@ fn run_gdn(be: &CpuBackend, c: &GdnCase, pieces: &[usize]) -> Vec<f32> {
         let mut b = c.b[t0 * d.n_v_heads..(t0 + p) * d.n_v_heads].to_vec();
         let mut al = c.alpha[t0 * d.n_v_heads..(t0 + p) * d.n_v_heads].to_vec();
         let mut out = vec![0.0; p * d.value_dim()];
-        be.gated_delta_rule(
-            &mut y, &mut b, &mut al, &c.a, &c.dt_bias, &mut state, &mut out, d, p,
-        )
+        be.gated_delta_rule(GdnArgs {
+            dims: d,
+            n_tokens: p,
+            y: &mut y,
+            b: &mut b,
+            alpha: &mut al,
+            a: &c.a,
+            dt_bias: &c.dt_bias,
+            state: &mut state,
+            out: &mut out,
+        })
         .unwrap();
         got.extend_from_slice(&out);
         t0 += p;
@@ -474,7 +492,7 @@ fn attention_over_f16_cache_matches_naive_on_rounded_values() {
     be.kv_write(&k, &mut kc, 0, k.len()).unwrap();
     be.kv_write(&v, &mut vc, 0, v.len()).unwrap();
     let mut out = vec![0.0; n_tokens * hq * dh];
-    be.attention(&q, &kc, &vc, &mut out, &layout, n_tokens, pos0)
+    be.attention(&q, &kc, &vc, &mut out, &layout, pos0..pos0 + n_tokens)
         .unwrap();
     let round = |x: &[f32]| {
         x.iter()

@@ -7,7 +7,9 @@ mod common;
 use common::Wrapped;
 // `bits(v)`: the kit's `f32_bits` under this file's short name.
 use pn_tests::{argmax, data, f32_bits as bits, tiny, DEMO};
-use qwen_model::{Backend, CpuBackend, GdnDims, GdnRowScratch, Model, Outputs, StateTrace};
+use qwen_model::{
+    Backend, CpuBackend, GdnArgs, GdnDims, GdnRowScratch, GdnTrace, Model, Outputs, StateTrace,
+};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
@@ -38,13 +40,15 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// several) in both: a one-row call rounds differently from a multi-row one, so a prefix whose
 /// last chunk is a single row (k = 1 in one chunk) is only within rounding of the trace.
 fn check_model(path: &PathBuf, ws_rows: usize) {
-    let m = Model::load(path, CpuBackend::new(2)).expect("model");
+    // Every op delegated to the CPU backend (its traced delta rule included), with the
+    // `embed` calls counted: one trunk pass embeds each of its workspace chunks once.
+    let m = Model::load(path, Wrapped::delegating(CpuBackend::new(2))).expect("model");
     let (cfg, be, v) = (&m.config, &m.backend, m.config.vocab);
     let prompt = toks(9, 1, v);
     let batch = toks(6, 2, v);
     let m_rows = batch.len();
     let mut scratch = vec![0.0; v];
-    let fresh = |ws: &mut qwen_model::Workspace<CpuBackend>, k: usize| {
+    let fresh = |ws: &mut qwen_model::Workspace<Wrapped>, k: usize| {
         let mut r = m.new_state(64).unwrap();
         let mut l = vec![0.0; v];
         m.forward(&mut r, ws, &prompt, Outputs::last_logits(&mut l))
@@ -66,7 +70,7 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
     .unwrap();
     let mut trace = StateTrace::new(cfg, be, m_rows).unwrap();
     let mut got = vec![0.0; m_rows * v];
-    let (passes, rows) = (m.trunk_passes(), m.trunk_rows());
+    let (passes, rows) = be.embeds();
     m.forward_traced(
         &mut st,
         &mut ws,
@@ -75,8 +79,13 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
         &mut trace,
     )
     .unwrap();
-    assert_eq!(m.trunk_passes(), passes + 1, "one trunk pass");
-    assert_eq!(m.trunk_rows(), rows + m_rows as u64);
+    let (passes_after, rows_after) = be.embeds();
+    assert_eq!(
+        passes_after,
+        passes + m_rows.div_ceil(ws_rows) as u64,
+        "one trunk pass (one embed per workspace chunk)"
+    );
+    assert_eq!(rows_after, rows + m_rows as u64);
     assert_eq!((trace.pos0(), trace.rows()), (prompt.len(), m_rows));
 
     // The untraced pass (same chunking) gives the same logits and final state.
@@ -202,18 +211,22 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
     let mut trace = vec![f32::NAN; (n + 1) * d.state_len()];
     let mut scratch = GdnRowScratch::new(&be, &d).unwrap();
     be.gated_delta_rule_traced(
-        &mut y,
-        &mut b,
-        &mut al,
-        &a,
-        &dt,
-        &mut s,
-        &mut out,
-        &d,
-        n,
-        &mut trace,
-        1,
-        &mut scratch,
+        GdnArgs {
+            dims: &d,
+            n_tokens: n,
+            y: &mut y,
+            b: &mut b,
+            alpha: &mut al,
+            a: &a,
+            dt_bias: &dt,
+            state: &mut s,
+            out: &mut out,
+        },
+        GdnTrace {
+            states: &mut trace,
+            row0: 1,
+            scratch: &mut scratch,
+        },
     )
     .unwrap();
 
@@ -224,8 +237,18 @@ fn cpu_traced_delta_rule_equals_one_row_calls() {
         let mut br = b0[t * hv..(t + 1) * hv].to_vec();
         let mut ar = al0[t * hv..(t + 1) * hv].to_vec();
         let mut o = vec![0.0; vd];
-        be.gated_delta_rule(&mut yr, &mut br, &mut ar, &a, &dt, &mut s1, &mut o, &d, 1)
-            .unwrap();
+        be.gated_delta_rule(GdnArgs {
+            dims: &d,
+            n_tokens: 1,
+            y: &mut yr,
+            b: &mut br,
+            alpha: &mut ar,
+            a: &a,
+            dt_bias: &dt,
+            state: &mut s1,
+            out: &mut o,
+        })
+        .unwrap();
         assert_eq!(bits(&out[t * vd..(t + 1) * vd]), bits(&o), "row {t} output");
         assert_eq!(
             bits(&trace[(t + 1) * sl..(t + 2) * sl]),

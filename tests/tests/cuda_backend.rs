@@ -8,8 +8,8 @@ use gguf_io::GgmlType;
 use qwen_model::cpu::CpuKv;
 use qwen_model::cuda::{CudaBackend, MemoryPlan};
 use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, Model, ModelConfig, Outputs, RopeLayout,
-    WeightSource,
+    AttnLayout, Backend, ConvShape, CpuBackend, GateLayout, GdnArgs, GdnDims, KvCacheType, Model,
+    ModelConfig, Outputs, RopeLayout, WeightSource,
 };
 use rand::{Rng, SeedableRng};
 // `rnd(seed, n, scale)`, `bytemuck_f32(v)`: the kit's helpers under this file's short names.
@@ -155,11 +155,17 @@ fn attention<B: Backend>(be: &B, kv: KvCacheType, n_tokens: usize, pos0: usize) 
     be.kv_write(&v, &mut vc, 0, total * hkv * dh).unwrap();
     let q = buf(be, &rnd(9, n_tokens * 2 * hq * dh, 2.0));
     let mut o = be.alloc(n_tokens * hq * dh).unwrap();
-    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0)
+    be.attention(&q, &kc, &vc, &mut o, &l, pos0..pos0 + n_tokens)
         .unwrap();
     let gate = buf(be, &rnd(10, n_tokens * 2 * hq * dh, 3.0));
-    be.sigmoid_gate(&mut o, &gate, n_tokens, hq, dh, dh, 2 * hq * dh, 2 * dh)
-        .unwrap();
+    let gl = GateLayout {
+        n_heads: hq,
+        head_dim: dh,
+        offset: dh,
+        token_stride: 2 * hq * dh,
+        head_stride: 2 * dh,
+    };
+    be.sigmoid_gate(&mut o, &gate, &gl, n_tokens).unwrap();
     get(be, &o, n_tokens * hq * dh)
 }
 
@@ -227,7 +233,7 @@ fn attention_kv<B: Backend>(
         .unwrap();
     let q = buf(be, &rnd(seed + 2, n_tokens * 2 * hq * dh, 2.0));
     let mut o = be.alloc(n_tokens * hq * dh).unwrap();
-    be.attention(&q, &kc, &vc, &mut o, &l, n_tokens, pos0)
+    be.attention(&q, &kc, &vc, &mut o, &l, pos0..pos0 + n_tokens)
         .unwrap();
     get(be, &o, n_tokens * hq * dh)
 }
@@ -406,7 +412,11 @@ fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
     let w = buf(be, &rnd(12, 4 * cd, 0.5));
     let mut cs = buf(be, &rnd(13, 3 * cd, 1.0));
     let mut y = be.alloc(n_tokens * cd).unwrap();
-    be.conv1d_silu(&u, &w, &mut cs, &mut y, n_tokens, cd, 4)
+    let shape = ConvShape {
+        channels: cd,
+        kernel: 4,
+    };
+    be.conv1d_silu(&u, &w, &mut cs, &mut y, shape, n_tokens)
         .unwrap();
     let mut b = buf(be, &rnd(14, n_tokens * 6, 3.0));
     let mut al = buf(be, &rnd(15, n_tokens * 6, 3.0));
@@ -418,9 +428,17 @@ fn gdn<B: Backend>(be: &B, n_tokens: usize) -> Vec<f32> {
     let dt = buf(be, &rnd(17, 6, 2.0));
     let mut st = buf(be, &rnd(18, d.state_len(), 0.1));
     let mut o = be.alloc(n_tokens * d.value_dim()).unwrap();
-    be.gated_delta_rule(
-        &mut y, &mut b, &mut al, &a, &dt, &mut st, &mut o, &d, n_tokens,
-    )
+    be.gated_delta_rule(GdnArgs {
+        dims: &d,
+        n_tokens,
+        y: &mut y,
+        b: &mut b,
+        alpha: &mut al,
+        a: &a,
+        dt_bias: &dt,
+        state: &mut st,
+        out: &mut o,
+    })
     .unwrap();
     let mut out = get(be, &o, n_tokens * d.value_dim());
     out.extend(get(be, &st, d.state_len()));

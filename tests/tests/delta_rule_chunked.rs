@@ -14,6 +14,7 @@ use pn_kernels::{DeltaRuleInputs, DeltaRuleShape};
 use pn_tests::{random_vec, rng};
 use qwen_model::cpu::kernels::{
     gdn_chunk_scratch_len, gdn_chunked_heads, gdn_gates, gdn_recurrent_heads, sigmoid, softplus,
+    GdnRows,
 };
 use qwen_model::GdnDims;
 use rand::rngs::StdRng;
@@ -142,32 +143,26 @@ fn cpu(c: &Case, chunked: bool) -> (Vec<f32>, Vec<f32>) {
     gdn_gates(&mut beta, &mut g, &c.a, &c.dt_bias, d.n_v_heads);
     let mut state = c.s0.clone();
     let mut out = vec![0f32; c.n * d.value_dim()];
+    let rows = GdnRows {
+        y: &c.y,
+        beta: &beta,
+        g: &g,
+        dims: d,
+        n_tokens: c.n,
+    };
     // SAFETY: state and out have the sizes the functions require; one thread owns every head.
     unsafe {
         if chunked {
             let mut scratch = vec![0f32; gdn_chunk_scratch_len(d)];
             gdn_chunked_heads(
-                &c.y,
-                &beta,
-                &g,
+                &rows,
                 state.as_mut_ptr(),
                 out.as_mut_ptr(),
-                d,
-                c.n,
                 0..d.n_v_heads,
                 &mut scratch,
             );
         } else {
-            gdn_recurrent_heads(
-                &c.y,
-                &beta,
-                &g,
-                state.as_mut_ptr(),
-                out.as_mut_ptr(),
-                d,
-                c.n,
-                0..d.n_v_heads,
-            );
+            gdn_recurrent_heads(&rows, state.as_mut_ptr(), out.as_mut_ptr(), 0..d.n_v_heads);
         }
     }
     (out, state)

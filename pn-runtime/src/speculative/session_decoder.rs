@@ -696,13 +696,23 @@ mod tests {
         let mut out = vec![argmax(&l)];
         while out.len() < n_new {
             let x_n = out[out.len() - 1];
-            let (p0, r0, d0) = (m.trunk_passes(), m.trunk_rows(), sd.stats().drafted);
+            let s0 = sd.stats();
             let max_draft = n_new - out.len() - 1;
             let (acc, next) = sd
                 .step(m, &mut st, &mut ws, &mut sampler, &history, x_n, max_draft)
                 .unwrap();
-            let cost = (m.trunk_passes() - p0, m.trunk_rows() - r0);
-            let drafted = (sd.stats().drafted - d0) as usize;
+            let s1 = sd.stats();
+            // The trunk cost from the decoder's counters: its verification passes of
+            // `1 + drafts` rows each, plus a replay (one more pass over the replayed rows).
+            let (passes, replayed) = (
+                s1.target_passes - s0.target_passes,
+                s1.replayed - s0.replayed,
+            );
+            let cost = (
+                passes + u64::from(replayed > 0),
+                passes + (s1.drafted - s0.drafted) + replayed,
+            );
+            let drafted = (s1.drafted - s0.drafted) as usize;
             history.push(x_n);
             history.extend_from_slice(&acc);
             assert_eq!(

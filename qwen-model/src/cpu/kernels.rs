@@ -5,7 +5,7 @@
 //! split across the pool in the backend. Numerics follow HF transformers (the oracle): f32
 //! everywhere, `rsqrt(mean + eps)` norms, softplus with threshold 20.
 
-use crate::backend::{AttnLayout, GdnDims, RopeLayout};
+use crate::backend::{AttnLayout, ConvShape, GdnDims, RopeLayout};
 
 /// `1 / (1 + e^-x)`.
 #[inline]
@@ -295,7 +295,6 @@ pub fn rope_neox(
 /// # Safety
 /// `out` must point to a buffer of at least `n_tokens * n_q_heads * head_dim` floats, and no other
 /// thread may write the rows this call writes.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn attention_rows<K: KvElem, V: KvElem>(
     q: &[f32],
     k_cache: &[K],
@@ -413,7 +412,8 @@ pub fn sigmoid_gate(
     }
 }
 
-/// Causal depthwise conv1d (kernel `k`) followed by SiLU, for channels `chans`.
+/// Causal depthwise conv1d (kernel `k = shape.kernel`) followed by SiLU, for channels `chans`
+/// of `c = shape.channels`.
 ///
 /// `u` is `[n_tokens, c]` (pre-conv projections), `state` is `[k-1, c]` (the previous `k-1`
 /// pre-conv rows, oldest first), `w` is `[c, k]` (tap-major per channel, tap `k-1` multiplies the
@@ -422,17 +422,19 @@ pub fn sigmoid_gate(
 /// # Safety
 /// `y` and `state` must point to buffers of `n_tokens * c` and `(k-1) * c` floats; no other thread
 /// may touch the channels in `chans`.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn conv1d_silu_channels(
     u: &[f32],
     w: &[f32],
     state: *mut f32,
     y: *mut f32,
     n_tokens: usize,
-    c: usize,
-    k: usize,
+    shape: ConvShape,
     chans: std::ops::Range<usize>,
 ) {
+    let ConvShape {
+        channels: c,
+        kernel: k,
+    } = shape;
     let hist = k - 1;
     for ch in chans {
         let wc = &w[ch * k..ch * k + k];
@@ -497,27 +499,44 @@ pub fn gdn_gates(b: &mut [f32], alpha: &mut [f32], a: &[f32], dt_bias: &[f32], n
     }
 }
 
+/// The inputs of the delta-rule kernels: `n_tokens` rows of a layer shaped `dims`, after
+/// [`gdn_normalize_qk`] and [`gdn_gates`].
+#[derive(Clone, Copy)]
+pub struct GdnRows<'a> {
+    /// The normalised post-conv vector per token, `[n_tokens, conv_dim]`: q | k | v.
+    pub y: &'a [f32],
+    /// Beta per token and value head, `[n_tokens, n_v_heads]`.
+    pub beta: &'a [f32],
+    /// Log-decay per token and value head, `[n_tokens, n_v_heads]`.
+    pub g: &'a [f32],
+    /// Shape of the layer.
+    pub dims: &'a GdnDims,
+    /// Tokens (rows).
+    pub n_tokens: usize,
+}
+
 /// The gated delta rule, recurrent form, for value heads `heads`.
 ///
-/// `y` is the normalised post-conv vector per token (`[n_tokens, conv_dim]`: q | k | v),
-/// `beta` and `g` the per-token gate values from [`gdn_gates`] (`g` is the log-decay), `state` is
-/// `[n_v_heads, dv, dk]` (row `j` of head `p` holds `S[.][j]` over the key dim). Output
-/// `[n_tokens, n_v_heads * dv]`. Value head `p` reads key head `p % n_k_heads` (GGUF order).
+/// `rows` holds the inputs (see [`GdnRows`]); `state` is `[n_v_heads, dv, dk]` (row `j` of
+/// head `p` holds `S[.][j]` over the key dim). Output `[n_tokens, n_v_heads * dv]`. Value head
+/// `p` reads key head `p % n_k_heads` (GGUF order).
 ///
 /// # Safety
 /// `state` and `out` must cover `n_v_heads * dv * dk` and `n_tokens * n_v_heads * dv` floats;
 /// no other thread may touch the heads in `heads`.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn gdn_recurrent_heads(
-    y: &[f32],
-    beta: &[f32],
-    g: &[f32],
+    rows: &GdnRows<'_>,
     state: *mut f32,
     out: *mut f32,
-    d: &GdnDims,
-    n_tokens: usize,
     heads: std::ops::Range<usize>,
 ) {
+    let GdnRows {
+        y,
+        beta,
+        g,
+        dims: d,
+        n_tokens,
+    } = *rows;
     let key_dim = d.n_k_heads * d.dk;
     let value_dim = d.n_v_heads * d.dv;
     for p in heads {
@@ -557,18 +576,20 @@ pub const GDN_CHUNK: usize = 64;
 ///
 /// # Safety
 /// As for [`gdn_recurrent_heads`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn gdn_chunked_heads(
-    y: &[f32],
-    beta: &[f32],
-    g: &[f32],
+    rows: &GdnRows<'_>,
     state: *mut f32,
     out: *mut f32,
-    d: &GdnDims,
-    n_tokens: usize,
     heads: std::ops::Range<usize>,
     scratch: &mut [f32],
 ) {
+    let GdnRows {
+        y,
+        beta,
+        g,
+        dims: d,
+        n_tokens,
+    } = *rows;
     let key_dim = d.n_k_heads * d.dk;
     let value_dim = d.n_v_heads * d.dv;
     let (dk, dv) = (d.dk, d.dv);

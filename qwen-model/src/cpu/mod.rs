@@ -10,7 +10,8 @@ pub use pool::split_range;
 pub use weight::CpuWeight;
 
 use crate::backend::{
-    AttnLayout, Backend, GdnDims, GdnRowScratch, KvCacheType, RopeLayout, WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnTrace, KvCacheType, RopeLayout,
+    WeightSource,
 };
 use crate::error::ModelError;
 use kvquant::{BlockQ4_0, BlockQ8_0};
@@ -508,9 +509,9 @@ impl Backend for CpuBackend {
         v_cache: &CpuKv,
         out: &mut Vec<f32>,
         layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
+        positions: std::ops::Range<usize>,
     ) -> Result<(), ModelError> {
+        let (n_tokens, pos0) = (positions.len(), positions.start);
         let n_rows = n_tokens * layout.n_q_heads;
         assert!(
             out.len() >= n_rows * layout.head_dim,
@@ -538,20 +539,16 @@ impl Backend for CpuBackend {
         &self,
         x: &mut Vec<f32>,
         gate: &Vec<f32>,
+        g: &GateLayout,
         n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        gate_offset: usize,
-        gate_token_stride: usize,
-        gate_head_stride: usize,
     ) -> Result<(), ModelError> {
         kernels::sigmoid_gate(
-            &mut x[..n_tokens * n_heads * head_dim],
-            &gate[gate_offset..],
-            n_heads,
-            head_dim,
-            gate_token_stride,
-            gate_head_stride,
+            &mut x[..n_tokens * g.n_heads * g.head_dim],
+            &gate[g.offset..],
+            g.n_heads,
+            g.head_dim,
+            g.token_stride,
+            g.head_stride,
         );
         Ok(())
     }
@@ -562,10 +559,10 @@ impl Backend for CpuBackend {
         w: &Vec<f32>,
         state: &mut Vec<f32>,
         y: &mut Vec<f32>,
+        shape: ConvShape,
         n_tokens: usize,
-        channels: usize,
-        kernel: usize,
     ) -> Result<(), ModelError> {
+        let ConvShape { channels, kernel } = shape;
         // Internal invariants: the config limits the kernel to 2..=16 and sizes every buffer.
         assert!(
             (2..=17).contains(&kernel),
@@ -575,34 +572,23 @@ impl Backend for CpuBackend {
         let (s, yp) = (SyncPtr(state.as_mut_ptr()), SyncPtr(y.as_mut_ptr()));
         self.par_ranges(channels, 256, &|_, r| {
             // SAFETY: disjoint channel ranges per thread; sizes asserted above.
-            unsafe {
-                kernels::conv1d_silu_channels(
-                    u,
-                    w,
-                    s.get(),
-                    yp.get(),
-                    n_tokens,
-                    channels,
-                    kernel,
-                    r,
-                )
-            }
+            unsafe { kernels::conv1d_silu_channels(u, w, s.get(), yp.get(), n_tokens, shape, r) }
         });
         Ok(())
     }
 
-    fn gated_delta_rule(
-        &self,
-        y: &mut Vec<f32>,
-        b: &mut Vec<f32>,
-        alpha: &mut Vec<f32>,
-        a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-        state: &mut Vec<f32>,
-        out: &mut Vec<f32>,
-        dims: &GdnDims,
-        n_tokens: usize,
-    ) -> Result<(), ModelError> {
+    fn gated_delta_rule(&self, args: GdnArgs<'_, Vec<f32>>) -> Result<(), ModelError> {
+        let GdnArgs {
+            dims,
+            n_tokens,
+            y,
+            b,
+            alpha,
+            a,
+            dt_bias,
+            state,
+            out,
+        } = args;
         let hv = dims.n_v_heads;
         kernels::gdn_normalize_qk(y, dims, n_tokens);
         kernels::gdn_gates(
@@ -614,41 +600,24 @@ impl Backend for CpuBackend {
         );
         assert!(state.len() >= dims.state_len() && out.len() >= n_tokens * dims.value_dim());
         let (s, o) = (SyncPtr(state.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
-        let (y, beta, g) = (&*y, &*b, &*alpha);
+        let rows = kernels::GdnRows {
+            y,
+            beta: b,
+            g: alpha,
+            dims,
+            n_tokens,
+        };
         let chunked = self.gdn_chunked && n_tokens >= GDN_CHUNKED_MIN_TOKENS;
         let scratch_len = kernels::gdn_chunk_scratch_len(dims);
         self.par_ranges(hv, 1, &|ti, heads| {
             if chunked {
                 self.with_scratch(ti, scratch_len, |scr| {
                     // SAFETY: disjoint head ranges per thread; sizes asserted above.
-                    unsafe {
-                        kernels::gdn_chunked_heads(
-                            y,
-                            beta,
-                            g,
-                            s.get(),
-                            o.get(),
-                            dims,
-                            n_tokens,
-                            heads,
-                            scr,
-                        )
-                    }
+                    unsafe { kernels::gdn_chunked_heads(&rows, s.get(), o.get(), heads, scr) }
                 });
             } else {
                 // SAFETY: as above.
-                unsafe {
-                    kernels::gdn_recurrent_heads(
-                        y,
-                        beta,
-                        g,
-                        s.get(),
-                        o.get(),
-                        dims,
-                        n_tokens,
-                        heads,
-                    )
-                }
+                unsafe { kernels::gdn_recurrent_heads(&rows, s.get(), o.get(), heads) }
             }
         });
         Ok(())
@@ -656,19 +625,21 @@ impl Backend for CpuBackend {
 
     fn gated_delta_rule_traced(
         &self,
-        y: &mut Vec<f32>,
-        b: &mut Vec<f32>,
-        alpha: &mut Vec<f32>,
-        a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-        state: &mut Vec<f32>,
-        out: &mut Vec<f32>,
-        dims: &GdnDims,
-        n_tokens: usize,
-        trace: &mut Vec<f32>,
-        trace_row0: usize,
-        _scratch: &mut GdnRowScratch<Vec<f32>>,
+        args: GdnArgs<'_, Vec<f32>>,
+        trace: GdnTrace<'_, Vec<f32>>,
     ) -> Result<(), ModelError> {
+        let GdnArgs {
+            dims,
+            n_tokens,
+            y,
+            b,
+            alpha,
+            a,
+            dt_bias,
+            state,
+            out,
+        } = args;
+        let (trace, trace_row0) = (trace.states, trace.row0);
         // Normalisation and gates act on each row alone, and the recurrent form steps one
         // token at a time, so stepping it per row in place gives the bits of one-row calls
         // (never the chunked form, whose bits differ) without copying rows to scratch.
@@ -697,12 +668,16 @@ impl Backend for CpuBackend {
                 // SAFETY: row `t` of `out` is in bounds (asserted above).
                 SyncPtr(unsafe { out.as_mut_ptr().add(t * vd) }),
             );
-            let (yr, beta, g) = (&y[t * cd..], &b[t * hv..], &alpha[t * hv..]);
+            let row = kernels::GdnRows {
+                y: &y[t * cd..],
+                beta: &b[t * hv..],
+                g: &alpha[t * hv..],
+                dims,
+                n_tokens: 1,
+            };
             self.par_ranges(hv, 1, &|_, heads| {
                 // SAFETY: disjoint head ranges per thread; sizes asserted above.
-                unsafe {
-                    kernels::gdn_recurrent_heads(yr, beta, g, s.get(), o.get(), dims, 1, heads)
-                }
+                unsafe { kernels::gdn_recurrent_heads(&row, s.get(), o.get(), heads) }
             });
             trace[(trace_row0 + t) * sl..(trace_row0 + t + 1) * sl].copy_from_slice(&state[..sl]);
         }

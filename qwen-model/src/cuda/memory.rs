@@ -1,5 +1,6 @@
 //! The device memory a model needs, planned before anything is allocated.
 
+use super::CudaError;
 use crate::{KvCacheType, LayerKind, ModelConfig};
 use gguf_io::GgufFile;
 
@@ -105,14 +106,7 @@ impl MemoryPlan {
                 + 2 * d
                 + cfg.vocab as u64);
         let scratch_floats = ATTN_SCRATCH_FLOATS as u64 + r * cfg.ffn as u64 + r;
-        // The KV store kernels write K and V together; a one-cache write sends V to junk rows of
-        // the cache's element type (f32 caches are copied, no junk).
-        let junk = |t: KvCacheType| match t {
-            KvCacheType::F32 => 0,
-            t => t.bytes_for(max_rows.max(1) * cfg.kv_dim()) as u64,
-        };
-        let kv_junk = junk(k) + if v != k { junk(v) } else { 0 };
-        let scratch = 4 * scratch_floats + 2 * 24576 + kv_junk + 64;
+        let scratch = 4 * scratch_floats + 2 * 24576 + 64;
         MemoryPlan {
             weights,
             kv_cache,
@@ -123,6 +117,35 @@ impl MemoryPlan {
             context,
             max_rows,
         }
+    }
+
+    /// Fails when the run's sizes pass a kernel limit that no model shape declares
+    /// ([`Backend::supports`](crate::Backend::supports) covers those): the kernels put the tokens
+    /// of a step on grid y (at most [`pn_kernels::MAX_GRID_Y`] per launch) and take positions
+    /// as 32-bit ints.
+    pub fn check_limits(&self) -> Result<(), CudaError> {
+        if self.max_rows > pn_kernels::MAX_GRID_Y {
+            return Err(CudaError::Unsupported {
+                op: "forward step",
+                what: format!(
+                    "{} tokens per step (the kernels take at most {} per launch); lower the \
+                     prefill chunk",
+                    self.max_rows,
+                    pn_kernels::MAX_GRID_Y
+                ),
+            });
+        }
+        if self.context > i32::MAX as usize {
+            return Err(CudaError::Unsupported {
+                op: "attention",
+                what: format!(
+                    "context {} (the kernels take positions below {})",
+                    self.context,
+                    i32::MAX
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Sum of every term.

@@ -1,9 +1,12 @@
-//! Weight matrices resident on the device in their stored format.
+//! Weight matrices resident on the device in their stored format, and the ops that read
+//! them: upload, the embedding gather and the matrix products.
 
 use super::error::CudaError;
+use super::{lock, view, view_mut, CudaBackend, CudaBuf, PN_H2_MAX_K};
+use crate::{ModelError, WeightSource};
 use gguf_io::GgmlType;
 use pn_kernels::cudarc::driver::CudaSlice;
-use pn_kernels::WeightType;
+use pn_kernels::{MatrixShape, PnPrecision, RowStrides, WeightType};
 
 /// The kernel family's name for a stored type, or `None` when no kernel reads it.
 pub fn device_type(ty: GgmlType) -> Option<WeightType> {
@@ -58,5 +61,166 @@ impl CudaWeight {
             op,
             ty: self.ty.name().into(),
         }
+    }
+}
+
+impl CudaBackend {
+    /// Uploads one weight in its stored format after checking its size.
+    pub(super) fn try_load_weight(&self, src: &WeightSource<'_>) -> Result<CudaWeight, ModelError> {
+        let ty = device_type(src.ty).ok_or_else(|| CudaError::MissingKernel {
+            tensor: src.name.into(),
+            op: "any matrix op",
+            ty: src.ty.name().into(),
+        })?;
+        let row_bytes = ty
+            .row_bytes(src.cols)
+            .ok_or_else(|| ModelError::BadTensorData {
+                name: src.name.into(),
+                reason: format!(
+                    "row length {} is not a whole number of {} blocks",
+                    src.cols,
+                    ty.name()
+                ),
+            })?;
+        if src.bytes.len() != row_bytes * src.rows {
+            return Err(ModelError::BadTensorData {
+                name: src.name.into(),
+                reason: format!(
+                    "{} bytes, expected {}",
+                    src.bytes.len(),
+                    row_bytes * src.rows
+                ),
+            });
+        }
+        let bytes = self
+            .gpu
+            .stream()
+            .clone_htod(src.bytes)
+            .map_err(|e| CudaError::driver(format!("uploading `{}`", src.name), e))?;
+        Ok(CudaWeight {
+            bytes,
+            ty,
+            rows: src.rows,
+            cols: src.cols,
+            rotation_block: src.rotated.then_some(src.rotation_block),
+            name: src.name.into(),
+        })
+    }
+
+    /// Gathers the rows of `tokens` from the embedding table into `out` (`[n, cols]`), undoing
+    /// the table's rotation.
+    pub(super) fn try_embed(
+        &self,
+        table: &CudaWeight,
+        tokens: &[u32],
+        out: &mut CudaBuf,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "embed";
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        match table.ty {
+            WeightType::F32 | WeightType::F16 | WeightType::Q8_0 | WeightType::Q3K => {}
+            _ => return Err(table.missing("embedding gather")),
+        }
+        let d = table.cols;
+        let ids: Vec<i32> = tokens
+            .iter()
+            .map(|&t| i32::try_from(t).unwrap_or(i32::MAX))
+            .collect();
+        let mut sc = lock(&self.scratch);
+        let dev_ids = self.grow(&mut sc.ids, ids.len(), "token ids")?;
+        let mut idv = dev_ids.slice_mut(0..ids.len());
+        self.gpu
+            .stream()
+            .memcpy_htod(&ids, &mut idv)
+            .map_err(|e| CudaError::driver("uploading token ids", e))?;
+        let idv = dev_ids.slice(0..ids.len());
+        let n = tokens.len() * d;
+        let mut o = view_mut(OP, out, 0, n)?;
+        let m = MatrixShape {
+            ty: table.ty,
+            n: table.rows,
+            k: d,
+        };
+        self.gpu
+            .get_rows(m, &table.bytes.slice(..), &idv, &ids, &mut o)?;
+        if let Some(r) = table.rotation_block {
+            // Stored rows are W H; H is its own inverse.
+            self.gpu.hadamard_inplace(&mut o, n, r)?;
+        }
+        Ok(())
+    }
+
+    /// `y = x W^T` for every `(W, y)` of `outs` over `rows` rows of `x` (one K for all):
+    /// matrix-vector kernels for one row, the matmul kernel for more.
+    pub(super) fn try_matmul(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> Result<(), CudaError> {
+        const OP: &str = "matmul";
+        if rows == 0 || outs.is_empty() {
+            return Ok(());
+        }
+        let k = outs[0].0.cols;
+        if let Some((w, _)) = outs.iter().find(|(w, _)| w.cols != k) {
+            return Err(CudaError::Unsupported {
+                op: OP,
+                what: format!("`{}` has K = {}, the other outputs K = {k}", w.name, w.cols),
+            });
+        }
+        let xv = view(OP, x, 0, rows * k)?;
+        let pn_h2 = |w: &CudaWeight| {
+            matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) && w.cols <= PN_H2_MAX_K
+        };
+        // Decode: PN matrices share one fp16 conversion of x (same bits as converting per call).
+        let mut guard = lock(&self.scratch);
+        let sc = &mut *guard;
+        let prepared = rows == 1 && outs.iter().any(|(w, _)| pn_h2(w));
+        if prepared {
+            let xh = self.grow(&mut sc.xh, PN_H2_MAX_K, "fp16 activations")?;
+            let e = self.grow(&mut sc.e, 1, "activation exponent")?;
+            let mut xhm = xh.slice_mut(0..k);
+            let mut em = e.slice_mut(0..1);
+            self.gpu.pn_prepare_x(&xv, k, &mut xhm, &mut em)?;
+        }
+        for (w, y) in outs.iter_mut() {
+            let n = w.rows;
+            let mut yv = view_mut(OP, y, 0, rows * n)?;
+            let wv = w.bytes.slice(..);
+            let m = MatrixShape { ty: w.ty, n, k };
+            let r = if rows == 1 && w.ty != WeightType::Q3K {
+                if prepared && pn_h2(w) {
+                    let (Some(xh), Some(e)) = (sc.xh.as_ref(), sc.e.as_ref()) else {
+                        return Err(CudaError::driver(OP, "fp16 scratch missing"));
+                    };
+                    self.gpu
+                        .pn_gemv_prepared(m, &wv, &xh.slice(0..k), &e.slice(0..1), &mut yv)
+                } else if matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) {
+                    self.gpu.pn_gemv(m, PnPrecision::F32, &wv, &xv, &mut yv)
+                } else {
+                    self.gpu.gemv(m, &wv, &xv, &mut yv)
+                }
+            } else {
+                let strides = RowStrides {
+                    rows,
+                    x_stride: k,
+                    y_stride: n,
+                };
+                self.gpu.matmul(m, &wv, &xv, &mut yv, strides)
+            };
+            r.map_err(|e| CudaError::Driver {
+                op: format!(
+                    "matmul `{}` ({} x {k} {}, {rows} rows)",
+                    w.name,
+                    n,
+                    w.ty.name()
+                ),
+                msg: e.to_string(),
+            })?;
+        }
+        Ok(())
     }
 }

@@ -1,11 +1,14 @@
 //! A delegating wrapper of the CPU backend for tests that need to watch the graph's calls or
 //! run a trait default the CPU backend overrides.
 
+use qwen_model::backend::gdn_traced_by_rows;
 use qwen_model::cpu::{CpuKv, CpuWeight};
 use qwen_model::{
-    AttnLayout, Backend, CpuBackend, GdnDims, KvCacheType, ModelError, Requirements, RopeLayout,
-    Unsupported, WeightSource,
+    AttnLayout, Backend, ConvShape, CpuBackend, GateLayout, GdnArgs, GdnTrace, KvCacheType,
+    ModelError, Requirements, RopeLayout, Unsupported, WeightSource,
 };
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// One call the model made that rotates activations.
@@ -20,21 +23,42 @@ pub enum Rot {
 }
 
 /// The CPU backend seen through the trait: every op delegates to it, except
-/// `gated_delta_rule_traced`, which is left to the trait default (what the CUDA backend runs),
-/// and every rotation the graph asks for is logged.
+/// `gated_delta_rule_traced`, which [`Wrapped::new`] runs as the trait default does (what the
+/// CUDA backend runs); every rotation the graph asks for is logged and every `embed` counted.
 pub struct Wrapped {
     /// The backend doing the work.
     pub inner: CpuBackend,
     log: Mutex<Vec<Rot>>,
+    /// Whether `gated_delta_rule_traced` goes to the CPU override instead of the default.
+    delegate_traced: bool,
+    /// `embed` calls and the rows they gathered.
+    embeds: (AtomicU64, AtomicU64),
 }
 
 impl Wrapped {
-    /// Wraps `inner` with an empty log.
+    /// Wraps `inner` with an empty log; `gated_delta_rule_traced` runs the trait default.
     pub fn new(inner: CpuBackend) -> Self {
         Wrapped {
             inner,
             log: Mutex::new(Vec::new()),
+            delegate_traced: false,
+            embeds: (AtomicU64::new(0), AtomicU64::new(0)),
         }
+    }
+    /// Wraps `inner`, delegating every op (the CPU override of `gated_delta_rule_traced`
+    /// included): the CPU backend's bits, with the calls counted.
+    pub fn delegating(inner: CpuBackend) -> Self {
+        Wrapped {
+            delegate_traced: true,
+            ..Wrapped::new(inner)
+        }
+    }
+    /// `embed` calls and embedded rows since the backend was made.
+    pub fn embeds(&self) -> (u64, u64) {
+        (
+            self.embeds.0.load(Ordering::Relaxed),
+            self.embeds.1.load(Ordering::Relaxed),
+        )
     }
     /// The rotations logged since the last call.
     pub fn take(&self) -> Vec<Rot> {
@@ -94,6 +118,10 @@ impl Backend for Wrapped {
         self.inner.load_weight(src)
     }
     fn embed(&self, t: &CpuWeight, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
+        self.embeds.0.fetch_add(1, Ordering::Relaxed);
+        self.embeds
+            .1
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         self.inner.embed(t, tokens, out)
     }
     fn matmul(
@@ -158,24 +186,18 @@ impl Backend for Wrapped {
         v: &CpuKv,
         out: &mut Vec<f32>,
         layout: &AttnLayout,
-        n_tokens: usize,
-        pos0: usize,
+        positions: Range<usize>,
     ) -> Result<(), ModelError> {
-        self.inner.attention(q, k, v, out, layout, n_tokens, pos0)
+        self.inner.attention(q, k, v, out, layout, positions)
     }
     fn sigmoid_gate(
         &self,
         x: &mut Vec<f32>,
         gate: &Vec<f32>,
+        g: &GateLayout,
         n_tokens: usize,
-        n_heads: usize,
-        head_dim: usize,
-        off: usize,
-        ts: usize,
-        hs: usize,
     ) -> Result<(), ModelError> {
-        self.inner
-            .sigmoid_gate(x, gate, n_tokens, n_heads, head_dim, off, ts, hs)
+        self.inner.sigmoid_gate(x, gate, g, n_tokens)
     }
     fn conv1d_silu(
         &self,
@@ -183,27 +205,25 @@ impl Backend for Wrapped {
         w: &Vec<f32>,
         state: &mut Vec<f32>,
         y: &mut Vec<f32>,
+        shape: ConvShape,
         n_tokens: usize,
-        channels: usize,
-        kernel: usize,
     ) -> Result<(), ModelError> {
-        self.inner
-            .conv1d_silu(u, w, state, y, n_tokens, channels, kernel)
+        self.inner.conv1d_silu(u, w, state, y, shape, n_tokens)
     }
-    fn gated_delta_rule(
+    fn gated_delta_rule(&self, args: GdnArgs<'_, Vec<f32>>) -> Result<(), ModelError> {
+        self.inner.gated_delta_rule(args)
+    }
+    fn gated_delta_rule_traced(
         &self,
-        y: &mut Vec<f32>,
-        b: &mut Vec<f32>,
-        alpha: &mut Vec<f32>,
-        a: &Vec<f32>,
-        dt_bias: &Vec<f32>,
-        state: &mut Vec<f32>,
-        out: &mut Vec<f32>,
-        dims: &GdnDims,
-        n_tokens: usize,
+        args: GdnArgs<'_, Vec<f32>>,
+        trace: GdnTrace<'_, Vec<f32>>,
     ) -> Result<(), ModelError> {
-        self.inner
-            .gated_delta_rule(y, b, alpha, a, dt_bias, state, out, dims, n_tokens)
+        if self.delegate_traced {
+            self.inner.gated_delta_rule_traced(args, trace)
+        } else {
+            // The trait default, as the CUDA backend runs it.
+            gdn_traced_by_rows(self, args, trace)
+        }
     }
     fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize) -> Result<(), ModelError> {
         self.inner.swiglu(gate, up, len)

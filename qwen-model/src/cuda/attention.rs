@@ -1,0 +1,143 @@
+//! Causal GQA attention over the device KV caches: the split-K kernels for decode and short
+//! inputs, the tiled prefill kernel for prefill chunks ([`attn_tiled`](super::attn_tiled)).
+
+use super::kv::with_kv_pair;
+use super::{
+    attn_tiled, lock, view, view_mut, CudaBackend, CudaBuf, CudaError, CudaKv, ATTN_SCRATCH_FLOATS,
+    HEAD_DIM,
+};
+use crate::AttnLayout;
+use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use pn_kernels::{AttnShape, Gpu, KvElem, KvLayout, SplitK};
+use std::ops::Range;
+
+/// Positions per attention split for decode (split-K over long contexts).
+const ATTN_CHUNK: usize = 256;
+
+/// The kernel of one attention call: split-K in chunks of `chunk` positions over `scratch`
+/// (decode, short inputs), or the tiled prefill kernel.
+enum Kernel<'s, 'b> {
+    SplitK {
+        chunk: usize,
+        scratch: &'s mut CudaViewMut<'b, f32>,
+    },
+    Tiled,
+}
+
+/// The type-independent arguments of one attention call.
+struct AttnCall<'a, 'q> {
+    q: &'a CudaView<'q, f32>,
+    l: &'a AttnLayout,
+    /// Positions each cache holds.
+    cap: usize,
+    /// Positions of the query tokens.
+    positions: Range<usize>,
+}
+
+impl AttnCall<'_, '_> {
+    /// The kernels' geometry of this call over caches laid out as `kv`: output rows of
+    /// `n_q_heads` heads of 256 per token.
+    fn shape(&self, kv: KvLayout) -> AttnShape {
+        let l = self.l;
+        AttnShape {
+            kv,
+            n_head: l.n_q_heads,
+            p0: self.positions.start,
+            t_len: self.positions.len(),
+            scale: l.scale,
+            q_tok_stride: l.q_token_stride,
+            q_head_stride: l.q_head_stride,
+            o_tok_stride: l.n_q_heads * HEAD_DIM,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Attention of the query tokens at `positions` (rows of `q` laid out as `l`) against the
+    /// caches, which already hold positions `0..positions.end`; output `[n_tokens, Hq * 256]`.
+    pub(super) fn try_attention(
+        &self,
+        q: &CudaBuf,
+        (k_cache, v_cache): (&CudaKv, &CudaKv),
+        out: &mut CudaBuf,
+        l: &AttnLayout,
+        positions: Range<usize>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "attention";
+        // Backend::supports refuses any other head dim at model bind.
+        debug_assert!(l.head_dim == HEAD_DIM && l.n_kv_heads > 0, "{l:?}");
+        let n_tokens = positions.len();
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let row = l.n_kv_heads * HEAD_DIM;
+        let cap = k_cache.len() / row;
+        let q_len =
+            (n_tokens - 1) * l.q_token_stride + (l.n_q_heads - 1) * l.q_head_stride + HEAD_DIM;
+        let qv = view(OP, q, 0, q_len)?;
+        let o_stride = l.n_q_heads * HEAD_DIM;
+        let mut ov = view_mut(OP, out, 0, n_tokens * o_stride)?;
+        let n_ctx = positions.end;
+        let a = AttnCall {
+            q: &qv,
+            l,
+            cap,
+            positions,
+        };
+        let mut guard;
+        let mut scr;
+        let kernel = if attn_tiled(n_tokens) {
+            Kernel::Tiled
+        } else {
+            // Bounded scratch: long prefill chunks use fewer, longer splits.
+            let per_split = n_tokens * l.n_q_heads * (HEAD_DIM + 2);
+            let max_split = (ATTN_SCRATCH_FLOATS / per_split.max(1)).max(1);
+            let n_split = n_ctx.div_ceil(ATTN_CHUNK).clamp(1, max_split);
+            let chunk = n_ctx.div_ceil(n_split);
+            let n_split = n_ctx.div_ceil(chunk);
+            let need = Gpu::attention_scratch_len(n_tokens, l.n_q_heads, n_split);
+            guard = lock(&self.scratch);
+            let s = self.grow(&mut guard.attn, need, "attention scratch")?;
+            scr = s.slice_mut(0..need);
+            Kernel::SplitK {
+                chunk,
+                scratch: &mut scr,
+            }
+        };
+        with_kv_pair!(
+            k_cache,
+            v_cache,
+            |kc, vc| self.attend(&a, kc, vc, &mut ov, kernel),
+            |k, v| Err(CudaError::Unsupported {
+                op: OP,
+                what: format!(
+                    "a {} k cache with a {} v cache (the attention kernels read one type for both)",
+                    k.kv_type(),
+                    v.kv_type()
+                ),
+            })
+        )
+    }
+
+    /// The attention kernel `kernel` over caches of element type `T`.
+    fn attend<T: KvElem>(
+        &self,
+        a: &AttnCall<'_, '_>,
+        kc: &CudaSlice<T>,
+        vc: &CudaSlice<T>,
+        ov: &mut CudaViewMut<'_, f32>,
+        kernel: Kernel<'_, '_>,
+    ) -> Result<(), CudaError> {
+        let kl = KvLayout::token_major::<T>(a.l.n_kv_heads, a.cap);
+        let sh = a.shape(kl);
+        let (kc, vc) = (kc.slice(..), vc.slice(..));
+        match kernel {
+            Kernel::Tiled => self.gpu.attention_prefill(&sh, a.q, &kc, &vc, ov)?,
+            Kernel::SplitK { chunk, scratch } => {
+                let split = SplitK { chunk, scratch };
+                self.gpu.attention(&sh, a.q, &kc, &vc, ov, split)?
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,369 @@
+//! The forward graph (trunk and MTP block), written once against [`Backend`]
+//! (reference: `qwen38-architecture.md` sections 4 and 6).
+//!
+//! Layout: this module holds [`Model`] (binding, states, the trunk pass and the LM head),
+//! `layers` one decoder block (attention and Gated DeltaNet mixers, FFN), `mtp` the MTP block
+//! and `workspace` the scratch activations.
+
+mod layers;
+mod mtp;
+mod workspace;
+
+pub use workspace::Workspace;
+
+use crate::backend::{Backend, KvCacheType, Requirements};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::state::{State, StateTrace};
+use crate::weights::{Matrix, Weights};
+use gguf_io::GgufFile;
+use layers::{project, LayerTrace, Step};
+use std::path::Path;
+use std::sync::Arc;
+
+/// A loaded model: configuration, bound weights and the backend they live on.
+pub struct Model<B: Backend> {
+    /// Hyperparameters.
+    pub config: ModelConfig,
+    /// Bound weights.
+    pub weights: Weights<B>,
+    /// The backend.
+    pub backend: B,
+    file: Arc<GgufFile>,
+}
+
+/// What a forward call returns to the host.
+#[derive(Default)]
+pub struct Outputs<'a> {
+    /// Logits, `[n_out_rows, vocab]`.
+    pub logits: Option<&'a mut [f32]>,
+    /// Final normed hidden states (the LM-head input; the MTP block's `h`), `[n_out_rows, D]`.
+    pub hidden: Option<&'a mut [f32]>,
+    /// Every input token (`n_out_rows = n_tokens`) or only the last (`n_out_rows = 1`).
+    pub all_rows: bool,
+    /// Debugging: the residual stream of every input token before layer 0 (the embeddings) and
+    /// after each trunk layer, `[n_layers + 1, n_tokens, D]` (the layout of the oracle's
+    /// `hidden_a_layers.f32`); trunk forward only.
+    pub layer_residuals: Option<&'a mut [f32]>,
+}
+
+impl<'a> Outputs<'a> {
+    /// Logits of the last token only.
+    pub fn last_logits(logits: &'a mut [f32]) -> Self {
+        Outputs {
+            logits: Some(logits),
+            hidden: None,
+            all_rows: false,
+            layer_residuals: None,
+        }
+    }
+    /// Logits of every token.
+    pub fn all_logits(logits: &'a mut [f32]) -> Self {
+        Outputs {
+            logits: Some(logits),
+            hidden: None,
+            all_rows: true,
+            layer_residuals: None,
+        }
+    }
+}
+
+/// The final norm and LM head a pass ends with (the trunk's, or the MTP block's own).
+struct Head<'a, B: Backend> {
+    /// Final RMSNorm weight `[D]`.
+    norm: &'a B::Buf,
+    /// LM head `[V, D]`.
+    matrix: &'a Matrix<B>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Opens and binds a GGUF file.
+    pub fn load(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Model::from_file(file, backend)
+    }
+
+    /// Binds an opened GGUF file.
+    pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>, ModelError> {
+        let config = ModelConfig::from_gguf(&file)?;
+        // A head size the backend's kernels do not take fails here, before any upload.
+        backend.supports(&Requirements::model(&config))?;
+        let weights = Weights::load(&file, &config, &backend)?;
+        Ok(Model {
+            config,
+            weights,
+            backend,
+            file,
+        })
+    }
+
+    /// The GGUF file (metadata for tokenizer, chat template...).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A new empty sequence state holding up to `capacity` positions (f32 KV cache).
+    pub fn new_state(&self, capacity: usize) -> Result<State<B>, ModelError> {
+        State::new(&self.config, &self.backend, capacity)
+    }
+
+    /// A new empty sequence state with K and V caches of type `kv`.
+    pub fn new_state_with_kv(
+        &self,
+        capacity: usize,
+        kv: KvCacheType,
+    ) -> Result<State<B>, ModelError> {
+        State::with_kv_type(&self.config, &self.backend, capacity, kv)
+    }
+
+    /// A new empty sequence state with K and V caches of the given types (each f32, f16,
+    /// q8_0 or q4_0; the quantized ones need a backend that supports them and a head dim that
+    /// is a multiple of 32).
+    pub fn new_state_with_kv_types(
+        &self,
+        capacity: usize,
+        k: KvCacheType,
+        v: KvCacheType,
+    ) -> Result<State<B>, ModelError> {
+        State::with_kv_types(&self.config, &self.backend, capacity, k, v)
+    }
+
+    /// A workspace for up to `max_rows` tokens per internal step (prefill chunk).
+    pub fn new_workspace(&self, max_rows: usize) -> Result<Workspace<B>, ModelError> {
+        Workspace::new(&self.config, &self.backend, max_rows)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        let vocab = self.config.vocab;
+        match tokens.iter().position(|&t| t as usize >= vocab) {
+            Some(index) => Err(ModelError::TokenOutOfRange {
+                token: tokens[index],
+                index,
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_outputs(&self, n_tokens: usize, out: &Outputs<'_>) -> Result<(), ModelError> {
+        let rows = if out.all_rows { n_tokens } else { 1 };
+        if let Some(l) = &out.logits {
+            if l.len() != rows * self.config.vocab {
+                return Err(ModelError::BadArgument(format!(
+                    "logits buffer holds {} floats, expected {rows} x {}",
+                    l.len(),
+                    self.config.vocab
+                )));
+            }
+        }
+        if let Some(h) = &out.hidden {
+            if h.len() != rows * self.config.hidden {
+                return Err(ModelError::BadArgument(format!(
+                    "hidden buffer holds {} floats, expected {rows} x {}",
+                    h.len(),
+                    self.config.hidden
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the trunk over `tokens` (prefill when many, decode when one), appending them to
+    /// `state`, and writes the requested outputs.
+    pub fn forward(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        out: Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        self.forward_impl(state, ws, tokens, out, None)
+    }
+
+    /// [`forward`](Self::forward) that also records the GDN state after every input row into
+    /// `trace` (at most `trace.max_rows()` tokens), so [`State::restore_traced`] can roll the
+    /// state back to any prefix of `tokens` without re-running it (speculative verification).
+    ///
+    /// Each recorded recurrent state has the bits of feeding the rows one at a time (see
+    /// [`Backend::gated_delta_rule_traced`]), as plain decoding does; the conv states are
+    /// copies of input rows and exact on every backend.
+    pub fn forward_traced(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        out: Outputs<'_>,
+        trace: &mut StateTrace<B>,
+    ) -> Result<(), ModelError> {
+        if tokens.len() > trace.max_rows() {
+            return Err(ModelError::BadArgument(format!(
+                "traced forward of {} tokens, the trace holds {}",
+                tokens.len(),
+                trace.max_rows()
+            )));
+        }
+        if trace.layers.len() != self.config.n_layers {
+            return Err(ModelError::BadArgument(
+                "state trace does not match the model's layers".into(),
+            ));
+        }
+        trace.rows = 0;
+        trace.pos0 = state.pos;
+        self.forward_impl(state, ws, tokens, out, Some(&mut *trace))?;
+        trace.rows = tokens.len();
+        Ok(())
+    }
+
+    fn forward_impl(
+        &self,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+        mut out: Outputs<'_>,
+        mut trace: Option<&mut StateTrace<B>>,
+    ) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::BadArgument("no tokens".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.check_outputs(tokens.len(), &out)?;
+        let needed = state.pos + tokens.len();
+        if needed > state.capacity {
+            return Err(ModelError::ContextFull {
+                needed,
+                capacity: state.capacity,
+            });
+        }
+        let d = self.config.hidden;
+        let n_tok = tokens.len();
+        if let Some(r) = &out.layer_residuals {
+            if r.len() != (self.config.n_layers + 1) * n_tok * d {
+                return Err(ModelError::BadArgument(format!(
+                    "layer_residuals holds {} floats, expected ({} + 1) x {n_tok} x {d}",
+                    r.len(),
+                    self.config.n_layers
+                )));
+            }
+        }
+        let head = Head {
+            norm: &self.weights.output_norm,
+            matrix: self.weights.lm_head(),
+        };
+        let mut done = 0;
+        for chunk in tokens.chunks(ws.max_rows) {
+            let rows = chunk.len();
+            let pos0 = state.pos;
+            self.backend
+                .embed(&self.weights.token_embd.w, chunk, &mut ws.resid)?;
+            let mut save = |l: usize, x: &B::Buf| {
+                if let Some(r) = out.layer_residuals.as_deref_mut() {
+                    let at = (l * n_tok + done) * d;
+                    self.backend.download(x, 0, &mut r[at..at + rows * d])?;
+                }
+                Ok::<(), ModelError>(())
+            };
+            save(0, &ws.resid)?;
+            for (l, (lw, ls)) in self
+                .weights
+                .layers
+                .iter()
+                .zip(state.layers.iter_mut())
+                .enumerate()
+            {
+                let lt = trace.as_deref_mut().and_then(|t| {
+                    let scratch = &mut t.scratch;
+                    t.layers[l].as_mut().map(|(conv, ssm)| LayerTrace {
+                        conv,
+                        ssm,
+                        scratch,
+                        row0: done,
+                    })
+                });
+                let step = Step {
+                    rows,
+                    cache_pos0: pos0,
+                    rope_pos0: pos0,
+                };
+                self.block(lw, ls, ws, step, lt)?;
+                save(l + 1, &ws.resid)?;
+            }
+            state.pos += rows;
+            self.emit(ws, &head, rows, done, n_tok, &mut out)?;
+            done += rows;
+        }
+        Ok(())
+    }
+
+    /// After the last block of the chunk of `rows` tokens starting at input row `done` (of
+    /// `n_tok`): when `out` wants outputs of these rows (every row, or the last of all), the
+    /// final norm and LM head, downloaded into `out`.
+    fn emit(
+        &self,
+        ws: &mut Workspace<B>,
+        head: &Head<'_, B>,
+        rows: usize,
+        done: usize,
+        n_tok: usize,
+        out: &mut Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        let (d, v) = (self.config.hidden, self.config.vocab);
+        if !out.all_rows && done + rows != n_tok {
+            return Ok(());
+        }
+        let (out_rows, first_out) = if out.all_rows { (rows, done) } else { (1, 0) };
+        self.head(ws, rows, head, out)?;
+        let be = &self.backend;
+        if let Some(h) = out.hidden.as_deref_mut() {
+            let dst = &mut h[first_out * d..(first_out + out_rows) * d];
+            be.download(&ws.final_normed, 0, dst)?;
+        }
+        if let Some(l) = out.logits.as_deref_mut() {
+            let dst = &mut l[first_out * v..(first_out + out_rows) * v];
+            be.download(&ws.logits, 0, dst)?;
+        }
+        Ok(())
+    }
+
+    /// Final norm of the rows of `ws.resid` that `out` asks for into `ws.final_normed` and
+    /// (when it asks for logits) the LM head into `ws.logits`. Without `out.hidden` (nobody
+    /// reads `ws.final_normed`) the norm and the LM head's input rotation may be fused, leaving
+    /// `ws.final_normed` unwritten.
+    fn head(
+        &self,
+        ws: &mut Workspace<B>,
+        rows: usize,
+        head: &Head<'_, B>,
+        out: &Outputs<'_>,
+    ) -> Result<(), ModelError> {
+        let (be, d, eps) = (&self.backend, self.config.hidden, self.config.rms_eps);
+        let (logits, hidden) = (out.logits.is_some(), out.hidden.is_some());
+        let (src, n) = if out.all_rows {
+            (&ws.resid, rows)
+        } else {
+            be.copy(&ws.resid, (rows - 1) * d, &mut ws.embed_rows, 0, d)?;
+            (&ws.embed_rows, 1)
+        };
+        if logits && !hidden {
+            return self.norm_project(
+                src,
+                head.norm,
+                &mut ws.final_normed,
+                &mut ws.rotated,
+                n,
+                [(head.matrix, &mut ws.logits)],
+            );
+        }
+        be.rms_norm(src, head.norm, &mut ws.final_normed, n, d, eps)?;
+        if logits {
+            project(
+                be,
+                &mut ws.rotated,
+                self.rot_block(),
+                &ws.final_normed,
+                n,
+                [(head.matrix, &mut ws.logits)],
+            )?;
+        }
+        Ok(())
+    }
+}

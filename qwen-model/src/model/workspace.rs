@@ -1,0 +1,102 @@
+//! The forward pass's scratch activations (as llama2.c's `RunState`): every buffer named for
+//! what it holds, sized for the largest step.
+
+use crate::backend::Backend;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// Scratch activations for up to `max_rows` tokens per call; reused across calls so decode
+/// allocates nothing. Shapes below are per call of `rows <= max_rows` tokens, with `D` the
+/// hidden size, `Hq`/`Hkv` the attention heads of `Dh`, `Hv` the GDN value heads, `F` the FFN
+/// width and `V` the vocabulary.
+pub struct Workspace<B: Backend> {
+    /// Tokens one internal step processes (longer inputs are split).
+    pub(crate) max_rows: usize,
+    /// The residual stream `[rows, D]` (the embeddings, then each layer's output; in the MTP
+    /// block the `eh_proj` output).
+    pub(crate) resid: B::Buf,
+    /// RMSNorm of the residual `[rows, D]`, when an unrotated matrix reads it (MTP: the
+    /// normed embeddings).
+    pub(crate) normed: B::Buf,
+    /// The Hadamard-rotated input of rotated (PN) matrices, `[rows, K]` with `K` the widest
+    /// matrix input (`max(2D, F, Hq * Dh, Hv * dv)`).
+    pub(crate) rotated: B::Buf,
+    /// Attention q projection `[rows, Hq * 2 * Dh]`: per head `Dh` query values then `Dh`
+    /// output-gate values.
+    pub(crate) q_gate: B::Buf,
+    /// Attention keys `[rows, Hkv * Dh]` (normed and rotated before the cache write).
+    pub(crate) k: B::Buf,
+    /// Attention values `[rows, Hkv * Dh]`.
+    pub(crate) v: B::Buf,
+    /// Attention output `[rows, Hq * Dh]` (gated in place).
+    pub(crate) attn_out: B::Buf,
+    /// The mixer's (then the FFN's) output projection `[rows, D]`, added to the residual
+    /// (MTP: the normed trunk hidden states first).
+    pub(crate) mixer_out: B::Buf,
+    /// GDN `attn_qkv` projection, the conv input `[rows, conv_dim]`.
+    pub(crate) conv_in: B::Buf,
+    /// GDN conv + SiLU output `[rows, conv_dim]` (q | k | v per row).
+    pub(crate) conv_out: B::Buf,
+    /// GDN output gate `z` `[rows, Hv * dv]`.
+    pub(crate) gdn_gate: B::Buf,
+    /// GDN beta inputs `[rows, Hv]`.
+    pub(crate) beta: B::Buf,
+    /// GDN decay inputs `[rows, Hv]`.
+    pub(crate) alpha: B::Buf,
+    /// GDN delta-rule output `[rows, Hv * dv]` (gated-normed in place).
+    pub(crate) gdn_out: B::Buf,
+    /// FFN gate projection `[rows, F]` (SwiGLU output in place).
+    pub(crate) ffn_gate: B::Buf,
+    /// FFN up projection `[rows, F]`.
+    pub(crate) ffn_up: B::Buf,
+    /// The final normed hidden states `[rows, D]`: the LM head's input, the MTP block's `h`.
+    pub(crate) final_normed: B::Buf,
+    /// MTP token embeddings `[rows, D]`; also the last residual row alone `[1, D]` when only
+    /// the last token's outputs are asked for.
+    pub(crate) embed_rows: B::Buf,
+    /// MTP `eh_proj` input `[rows, 2D]`: per row the normed embedding, then the normed `h`.
+    pub(crate) eh_in: B::Buf,
+    /// LM head output `[rows, V]`.
+    pub(crate) logits: B::Buf,
+}
+
+impl<B: Backend> Workspace<B> {
+    /// Buffers for up to `max_rows` (at least 1) tokens per step of a model shaped `c`.
+    pub(crate) fn new(c: &ModelConfig, be: &B, max_rows: usize) -> Result<Self, ModelError> {
+        let r = max_rows.max(1);
+        let d = c.hidden;
+        let g = &c.gdn;
+        let rot_k = [2 * d, c.ffn, c.attn_out_dim(), g.value_dim()]
+            .into_iter()
+            .max()
+            .unwrap_or(d);
+        Ok(Workspace {
+            max_rows: r,
+            resid: be.alloc(r * d)?,
+            normed: be.alloc(r * d)?,
+            rotated: be.alloc(r * rot_k)?,
+            q_gate: be.alloc(r * c.q_proj_dim())?,
+            k: be.alloc(r * c.kv_dim())?,
+            v: be.alloc(r * c.kv_dim())?,
+            attn_out: be.alloc(r * c.attn_out_dim())?,
+            mixer_out: be.alloc(r * d)?,
+            conv_in: be.alloc(r * g.conv_dim())?,
+            conv_out: be.alloc(r * g.conv_dim())?,
+            gdn_gate: be.alloc(r * g.value_dim())?,
+            beta: be.alloc(r * g.n_v_heads)?,
+            alpha: be.alloc(r * g.n_v_heads)?,
+            gdn_out: be.alloc(r * g.value_dim())?,
+            ffn_gate: be.alloc(r * c.ffn)?,
+            ffn_up: be.alloc(r * c.ffn)?,
+            final_normed: be.alloc(r * d)?,
+            embed_rows: be.alloc(r * d)?,
+            eh_in: be.alloc(r * 2 * d)?,
+            logits: be.alloc(r * c.vocab)?,
+        })
+    }
+
+    /// Tokens one internal step processes (longer inputs are split).
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+}
