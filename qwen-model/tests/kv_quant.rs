@@ -6,9 +6,7 @@ mod common;
 
 use common::*;
 use qwen_model::cpu::{kvquant, CpuKv};
-use qwen_model::{
-    kv_bytes_per_token, AttnLayout, Backend, CpuBackend, KvCacheType, Model, Outputs,
-};
+use qwen_model::{kv_bytes_per_token, AttnLayout, Backend, CpuBackend, KvCacheType, Model};
 
 /// The cache's values as f32 (the reference for the in-place reads).
 fn dequantized(c: &CpuKv, len: usize) -> Vec<f32> {
@@ -149,28 +147,6 @@ fn quantized_cache_writes_at_an_offset_leave_other_rows_alone() {
         assert!(max_abs(&d[128..192], &x[64..128]) < 0.3, "{t}");
         assert!(be.alloc_kv(33, t).is_err(), "{t}: partial block accepted");
     }
-}
-
-/// Logits of tokens_b (150-token prefill, then one token at a time) with the given cache types.
-fn logits_b(m: &Model<CpuBackend>, kt: KvCacheType, vt: KvCacheType) -> Vec<f32> {
-    let tokens = read_tokens(&tiny("tokens_b.json"));
-    let v = m.config.vocab;
-    let mut state = m.new_state_with_kv_types(tokens.len(), kt, vt).unwrap();
-    let mut ws = m.new_workspace(64).unwrap();
-    let mut got = vec![0.0; tokens.len() * v];
-    m.forward(
-        &mut state,
-        &mut ws,
-        &tokens[..150],
-        Outputs::all_logits(&mut got[..150 * v]),
-    )
-    .unwrap();
-    for (i, &t) in tokens[150..].iter().enumerate() {
-        let row = &mut got[(150 + i) * v..(151 + i) * v];
-        m.forward(&mut state, &mut ws, &[t], Outputs::last_logits(row))
-            .unwrap();
-    }
-    got
 }
 
 /// Stated bounds (max abs logit difference from the f32-cache oracle on sequence b, 150-token

@@ -316,26 +316,9 @@ fn demo_model_matches_transformers() {
 #[test]
 fn f16_kv_cache_stays_close() {
     let m = model();
-    let tokens = read_tokens(&tiny("tokens_b.json"));
-    let v = m.config.vocab;
     let want = read_f32(&tiny("logits_b.f32"));
-    let mut state = m
-        .new_state_with_kv(tokens.len(), qwen_model::KvCacheType::F16)
-        .unwrap();
-    let mut ws = m.new_workspace(64).unwrap();
-    let mut got = vec![0.0; tokens.len() * v];
-    m.forward(
-        &mut state,
-        &mut ws,
-        &tokens[..150],
-        Outputs::all_logits(&mut got[..150 * v]),
-    )
-    .unwrap();
-    for (i, &t) in tokens[150..].iter().enumerate() {
-        let row = &mut got[(150 + i) * v..(151 + i) * v];
-        m.forward(&mut state, &mut ws, &[t], Outputs::last_logits(row))
-            .unwrap();
-    }
+    let f16 = qwen_model::KvCacheType::F16;
+    let got = logits_b(&m, f16, f16);
     let d = max_abs(&got, &want);
     eprintln!("sequence b with an f16 KV cache: max abs diff {d:.3e}");
     assert!(d > 0.0 && d <= 2e-3, "f16 KV cache: {d}");

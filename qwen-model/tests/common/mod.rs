@@ -87,3 +87,34 @@ pub fn assert_argmax(got: &[f32], want: &[f32], vocab: usize, tie: f32, what: &s
     }
     flips
 }
+
+/// Logits of tokens_b (150-token prefill, then one token at a time) with the given cache types.
+pub fn logits_b(
+    m: &qwen_model::Model<qwen_model::CpuBackend>,
+    kt: qwen_model::KvCacheType,
+    vt: qwen_model::KvCacheType,
+) -> Vec<f32> {
+    let tokens = read_tokens(&tiny("tokens_b.json"));
+    let v = m.config.vocab;
+    let mut state = m.new_state_with_kv_types(tokens.len(), kt, vt).unwrap();
+    let mut ws = m.new_workspace(64).unwrap();
+    let mut got = vec![0.0; tokens.len() * v];
+    m.forward(
+        &mut state,
+        &mut ws,
+        &tokens[..150],
+        qwen_model::Outputs::all_logits(&mut got[..150 * v]),
+    )
+    .unwrap();
+    for (i, &t) in tokens[150..].iter().enumerate() {
+        let row = &mut got[(150 + i) * v..(151 + i) * v];
+        m.forward(
+            &mut state,
+            &mut ws,
+            &[t],
+            qwen_model::Outputs::last_logits(row),
+        )
+        .unwrap();
+    }
+    got
+}
