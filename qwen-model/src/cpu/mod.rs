@@ -2,10 +2,13 @@
 //! data-parallel ops on a small persistent thread pool.
 
 pub mod kernels;
+mod kv;
 pub mod kvquant;
+mod matmul;
 mod pool;
 mod weight;
 
+pub use kv::CpuKv;
 pub use pool::split_range;
 pub use weight::CpuWeight;
 
@@ -14,21 +17,11 @@ use crate::backend::{
     WeightSource,
 };
 use crate::error::ModelError;
-use kvquant::{BlockQ4_0, BlockQ8_0};
+use kv::zeroed_vec;
+use matmul::DECODE_ROWS_MIN;
 use pn_format::dot::PreparedI16;
-use pn_format::PnType;
 use pool::Pool;
 use std::sync::Mutex;
-use weight::RowKind;
-
-/// Input rows at or above which a quantized matrix row is decoded to f32 once and reused for
-/// every input row. Below it, the fused multi-vector dot products (`pn_format::dot::matvec_multi`,
-/// `gguf_io::quants::vec_dot_f32_multi`) unpack each weight block once for all input rows, so a
-/// pass for a few tokens (MTP verification of 2..5 rows, small batches) streams the weights once.
-const DECODE_ROWS_MIN: usize = 9;
-
-/// Input rows one fused multi-vector call takes (the kernels' register budget).
-const MULTI_ROWS: usize = 8;
 
 /// Tokens at or above which the GDN layer uses the chunked delta-rule form.
 pub const GDN_CHUNKED_MIN_TOKENS: usize = 16;
@@ -48,23 +41,16 @@ pub struct CpuBackend {
     decode_rows_min: usize,
 }
 
-fn pn_index(ty: PnType) -> usize {
-    match ty {
-        PnType::Pn3t => 0,
-        PnType::Pn4t => 1,
-    }
-}
-
 /// A raw pointer that may be shared with the pool's threads (each writes a disjoint part).
 #[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
+pub(crate) struct SyncPtr(*mut f32);
 // SAFETY: used only to hand disjoint output regions to worker threads inside `Pool::run`.
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
 impl SyncPtr {
     #[inline]
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -109,7 +95,12 @@ impl CpuBackend {
         self.pool.n_threads()
     }
 
-    fn with_scratch<R>(&self, i: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    pub(crate) fn with_scratch<R>(
+        &self,
+        i: usize,
+        len: usize,
+        f: impl FnOnce(&mut [f32]) -> R,
+    ) -> R {
         let mut s = self.scratch[i].lock().unwrap_or_else(|e| e.into_inner());
         if s.len() < len {
             s.resize(len, 0.0);
@@ -140,40 +131,6 @@ impl CpuBackend {
     }
 }
 
-/// A KV cache on the CPU.
-pub enum CpuKv {
-    /// f32 elements.
-    F32(Vec<f32>),
-    /// f16 elements.
-    F16(Vec<half::f16>),
-    /// q8_0 blocks of 32 values.
-    Q8_0(Vec<BlockQ8_0>),
-    /// q4_0 blocks of 32 values.
-    Q4_0(Vec<BlockQ4_0>),
-}
-
-impl CpuKv {
-    /// Storage type.
-    pub fn kv_type(&self) -> KvCacheType {
-        match self {
-            CpuKv::F32(_) => KvCacheType::F32,
-            CpuKv::F16(_) => KvCacheType::F16,
-            CpuKv::Q8_0(_) => KvCacheType::Q8_0,
-            CpuKv::Q4_0(_) => KvCacheType::Q4_0,
-        }
-    }
-
-    /// Bytes the cache occupies.
-    pub fn bytes(&self) -> usize {
-        match self {
-            CpuKv::F32(v) => std::mem::size_of_val(v.as_slice()),
-            CpuKv::F16(v) => std::mem::size_of_val(v.as_slice()),
-            CpuKv::Q8_0(v) => std::mem::size_of_val(v.as_slice()),
-            CpuKv::Q4_0(v) => std::mem::size_of_val(v.as_slice()),
-        }
-    }
-}
-
 /// Runs `$body` with `$k`/`$v` bound to the typed slices of two caches (every type pair).
 macro_rules! with_kv_slices {
     ($kc:expr, $vc:expr, |$k:ident, $v:ident| $body:expr) => {
@@ -194,35 +151,6 @@ macro_rules! with_kv_slices {
     };
 }
 
-/// `len` zeroed elements straight from the allocator (calloc): a large KV cache costs no memory
-/// until positions are written, and a failed allocation is an error, not an abort.
-fn zeroed_vec<T: bytemuck::Zeroable>(len: usize) -> Result<Vec<T>, ModelError> {
-    if len == 0 || std::mem::size_of::<T>() == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(len)
-        .map_err(|e| ModelError::Backend(format!("allocating {len} elements: {e}")))?;
-    // SAFETY: the layout has non-zero size; on success the block holds `len` zeroed `T`s (valid
-    // by `Zeroable`) allocated by the global allocator with exactly this layout, as
-    // `Vec::from_raw_parts` requires.
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout) as *mut T;
-        if p.is_null() {
-            return Err(ModelError::Backend(format!(
-                "out of memory allocating {len} elements"
-            )));
-        }
-        Ok(Vec::from_raw_parts(p, len, len))
-    }
-}
-
-fn first_error(slot: &Mutex<Option<ModelError>>, e: ModelError) {
-    let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
-    if s.is_none() {
-        *s = Some(e);
-    }
-}
-
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
@@ -237,22 +165,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<CpuKv, ModelError> {
-        let blocks = |t: KvCacheType| {
-            if !len.is_multiple_of(t.block_len()) {
-                Err(ModelError::BadArgument(format!(
-                    "{t} KV cache of {len} values is not a whole number of {}-value blocks",
-                    t.block_len()
-                )))
-            } else {
-                Ok(len / t.block_len())
-            }
-        };
-        Ok(match ty {
-            KvCacheType::F32 => CpuKv::F32(zeroed_vec(len)?),
-            KvCacheType::F16 => CpuKv::F16(zeroed_vec(len)?),
-            KvCacheType::Q8_0 => CpuKv::Q8_0(zeroed_vec(blocks(ty)?)?),
-            KvCacheType::Q4_0 => CpuKv::Q4_0(zeroed_vec(blocks(ty)?)?),
-        })
+        CpuKv::zeroed(len, ty)
     }
 
     fn kv_write(
@@ -262,20 +175,7 @@ impl Backend for CpuBackend {
         dst_off: usize,
         len: usize,
     ) -> Result<(), ModelError> {
-        use half::slice::HalfFloatSliceExt;
-        const QK: usize = kvquant::QK;
-        match dst {
-            CpuKv::F32(d) => d[dst_off..dst_off + len].copy_from_slice(&src[..len]),
-            CpuKv::F16(d) => d[dst_off..dst_off + len].convert_from_f32_slice(&src[..len]),
-            // The graph writes whole rows of `kv_dim` values, a multiple of the head dim, which
-            // `State::with_kv_types` checked is whole blocks.
-            CpuKv::Q8_0(d) => {
-                kvquant::quantize_into(&src[..len], &mut d[dst_off / QK..(dst_off + len) / QK])
-            }
-            CpuKv::Q4_0(d) => {
-                kvquant::quantize_into(&src[..len], &mut d[dst_off / QK..(dst_off + len) / QK])
-            }
-        };
+        dst.write(&src[..len], dst_off);
         Ok(())
     }
 
@@ -339,104 +239,7 @@ impl Backend for CpuBackend {
         rows: usize,
         outs: &mut [(&CpuWeight, &mut Vec<f32>)],
     ) -> Result<(), ModelError> {
-        for (w, y) in outs.iter() {
-            if x.len() < rows * w.cols || y.len() < rows * w.rows {
-                return Err(ModelError::BadArgument(format!(
-                    "matmul `{}`: buffers too small for {rows} rows",
-                    w.name()
-                )));
-            }
-        }
-        let err = Mutex::new(None);
-        let n_threads = self.pool.n_threads();
-        // Outputs as raw pointers: each thread writes a disjoint range of every output's rows.
-        let mut targets = [(None::<&CpuWeight>, SyncPtr(std::ptr::null_mut())); 8];
-        if outs.len() > targets.len() {
-            for (w, y) in outs.iter_mut() {
-                self.matmul(x, rows, &mut [(*w, &mut **y)])?;
-            }
-            return Ok(());
-        }
-        for (slot, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
-            *slot = (Some(*w), SyncPtr(y.as_mut_ptr()));
-        }
-        let targets = &targets[..outs.len()];
-        let direct = rows < self.decode_rows_min;
-        // PN rows multiply activations prepared once per input row (shared by all outputs).
-        let mut pn_guard = None;
-        if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
-            let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
-            for ty in PnType::ALL {
-                let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
-                    continue;
-                };
-                let k = w.cols;
-                let set = &mut g[pn_index(ty)];
-                for t in 0..rows {
-                    let xt = &x[t * k..(t + 1) * k];
-                    let r = if t < set.len() {
-                        set[t].update(xt)
-                    } else {
-                        PreparedI16::new(ty, xt).map(|p| set.push(p))
-                    };
-                    r.map_err(|e| {
-                        ModelError::BadArgument(format!("preparing PN activations: {e}"))
-                    })?;
-                }
-            }
-            pn_guard = Some(g);
-        }
-        let pn_acts = pn_guard.as_deref();
-        let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
-        // Chunks per output: small enough that the caller can absorb a late worker's share.
-        let single = n_threads == 1 || total_rows * rows < 64;
-        let mut first_chunk = [0usize; 9];
-        let mut n_chunks_of = [1usize; 8];
-        for (i, (w, _)) in targets.iter().enumerate() {
-            let r = w.map_or(0, |w| w.rows);
-            let chunk_rows = (r / (4 * n_threads)).max(16);
-            n_chunks_of[i] = if single {
-                1
-            } else {
-                r.div_ceil(chunk_rows).max(1)
-            };
-            first_chunk[i + 1] = first_chunk[i] + n_chunks_of[i];
-        }
-        let n_chunks = first_chunk[targets.len()];
-        let work = |p: usize, c: usize| {
-            let o = (0..targets.len())
-                .rfind(|&o| first_chunk[o] <= c)
-                .unwrap_or(0);
-            let (w, y) = &targets[o];
-            let Some(w) = *w else { return };
-            let range = split_range(w.rows, c - first_chunk[o], n_chunks_of[o]);
-            if range.is_empty() {
-                return;
-            }
-            let r = match (direct, w.kind, pn_acts) {
-                (true, RowKind::Pn(ty), Some(acts)) => {
-                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
-                }
-                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => {
-                    self.with_scratch(p, w.cols, |buf| matmul_decoded(w, x, rows, *y, range, buf))
-                }
-                _ => matmul_direct(w, x, rows, *y, range),
-            };
-            if let Err(e) = r {
-                first_error(&err, e);
-            }
-        };
-        if single {
-            for c in 0..n_chunks {
-                work(0, c);
-            }
-        } else {
-            self.pool.run(n_chunks, &work);
-        }
-        match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.matmul_outputs(x, rows, outs)
     }
 
     fn hadamard(&self, x: &mut Vec<f32>, len: usize, block: usize) -> Result<(), ModelError> {
@@ -693,110 +496,4 @@ impl Backend for CpuBackend {
         kernels::add(&mut x[..len], &y[..len]);
         Ok(())
     }
-}
-
-/// `y[t, r] = w_r . x_t` with the fused per-type dot product, each weight row multiplied with up
-/// to [`MULTI_ROWS`] input rows per call (fastest for a few input rows, and for f32 weights).
-fn matmul_direct(
-    w: &CpuWeight,
-    x: &[f32],
-    rows: usize,
-    y: SyncPtr,
-    range: std::ops::Range<usize>,
-) -> Result<(), ModelError> {
-    let k = w.cols;
-    if rows == 1 {
-        // Decode: the single-vector kernel straight away (no per-row grouping overhead, which
-        // shows on small matrices).
-        for r in range {
-            let v = w.dot_row(r, &x[..k])?;
-            // SAFETY: row `r` of the output belongs to this thread only.
-            unsafe { *y.get().add(r) = v };
-        }
-        return Ok(());
-    }
-    let mut vals = [0f32; MULTI_ROWS];
-    for r in range {
-        for t0 in (0..rows).step_by(MULTI_ROWS) {
-            let n = (rows - t0).min(MULTI_ROWS);
-            let xs: [&[f32]; MULTI_ROWS] = std::array::from_fn(|j| {
-                let t = t0 + j.min(n - 1);
-                &x[t * k..(t + 1) * k]
-            });
-            w.dot_rows(r, &xs[..n], &mut vals[..n])?;
-            for (j, &v) in vals[..n].iter().enumerate() {
-                // SAFETY: row `r` of every output row `t` belongs to this thread only.
-                unsafe { *y.get().add((t0 + j) * w.rows + r) = v };
-            }
-        }
-    }
-    Ok(())
-}
-
-/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs.
-fn matmul_decoded(
-    w: &CpuWeight,
-    x: &[f32],
-    rows: usize,
-    y: SyncPtr,
-    range: std::ops::Range<usize>,
-    buf: &mut [f32],
-) -> Result<(), ModelError> {
-    let k = w.cols;
-    for r in range {
-        w.decode_row(r, buf)?;
-        let mut t = 0;
-        while t + 4 <= rows {
-            let xs = [0, 1, 2, 3].map(|j| &x[(t + j) * k..(t + j + 1) * k]);
-            let v = kernels::dot4(buf, xs);
-            for (j, &vj) in v.iter().enumerate() {
-                // SAFETY: as in `matmul_direct`.
-                unsafe { *y.get().add((t + j) * w.rows + r) = vj };
-            }
-            t += 4;
-        }
-        for t in t..rows {
-            let v = kernels::dot(buf, &x[t * k..(t + 1) * k]);
-            // SAFETY: as in `matmul_direct`.
-            unsafe { *y.get().add(t * w.rows + r) = v };
-        }
-    }
-    Ok(())
-}
-
-/// PN rows against prepared activations (one per input row), via
-/// `pn_format::dot::matvec_multi`: every weight block is read once for all input rows.
-fn matmul_pn(
-    w: &CpuWeight,
-    ty: PnType,
-    acts: &[PreparedI16],
-    y: SyncPtr,
-    range: std::ops::Range<usize>,
-) -> Result<(), ModelError> {
-    let rb = w.row_bytes;
-    let bytes = &w.bytes()[range.start * rb..range.end * rb];
-    let pn_err = |e: pn_format::PnError| ModelError::BadTensorData {
-        name: w.name().into(),
-        reason: format!("rows {range:?}: {e}"),
-    };
-    if let [a] = acts {
-        // SAFETY: as below, for the single output row.
-        let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
-        return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
-    }
-    for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
-        let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
-        for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
-            let t = g * MULTI_ROWS + j;
-            // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
-            // every other `outs` entry, which are other output rows); in bounds because the
-            // output holds `rows * w.rows` floats (checked by `matmul`).
-            *o = unsafe {
-                std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
-            };
-        }
-        pn_format::dot::matvec_multi(ty, bytes, range.len(), group, &mut outs[..group.len()])
-            .map_err(pn_err)?;
-    }
-    Ok(())
 }

@@ -1,0 +1,249 @@
+//! The CPU matmul: each output's rows split across the pool, with the per-type dot products
+//! (fused multi-row kernels for a few input rows, weight rows decoded once for many, PN rows
+//! against activations prepared once per call).
+
+use super::weight::RowKind;
+use super::{kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
+use crate::error::ModelError;
+use pn_format::dot::PreparedI16;
+use pn_format::PnType;
+use std::sync::Mutex;
+
+/// Input rows at or above which a quantized matrix row is decoded to f32 once and reused for
+/// every input row. Below it, the fused multi-vector dot products (`pn_format::dot::matvec_multi`,
+/// `gguf_io::quants::vec_dot_f32_multi`) unpack each weight block once for all input rows, so a
+/// pass for a few tokens (MTP verification of 2..5 rows, small batches) streams the weights once.
+pub(super) const DECODE_ROWS_MIN: usize = 9;
+
+/// Input rows one fused multi-vector call takes (the kernels' register budget).
+const MULTI_ROWS: usize = 8;
+
+fn pn_index(ty: PnType) -> usize {
+    match ty {
+        PnType::Pn3t => 0,
+        PnType::Pn4t => 1,
+    }
+}
+
+fn first_error(slot: &Mutex<Option<ModelError>>, e: ModelError) {
+    let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if s.is_none() {
+        *s = Some(e);
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::matmul`](crate::Backend::matmul) on the CPU: for each `(w, y)`, `y[t] = w
+    /// x[t]` for the first `rows` rows of `x`.
+    pub(super) fn matmul_outputs(
+        &self,
+        x: &[f32],
+        rows: usize,
+        outs: &mut [(&CpuWeight, &mut Vec<f32>)],
+    ) -> Result<(), ModelError> {
+        for (w, y) in outs.iter() {
+            if x.len() < rows * w.cols || y.len() < rows * w.rows {
+                return Err(ModelError::BadArgument(format!(
+                    "matmul `{}`: buffers too small for {rows} rows",
+                    w.name()
+                )));
+            }
+        }
+        let err = Mutex::new(None);
+        let n_threads = self.pool.n_threads();
+        // Outputs as raw pointers: each thread writes a disjoint range of every output's rows.
+        let mut targets = [(None::<&CpuWeight>, SyncPtr(std::ptr::null_mut())); 8];
+        if outs.len() > targets.len() {
+            for (w, y) in outs.iter_mut() {
+                self.matmul_outputs(x, rows, &mut [(*w, &mut **y)])?;
+            }
+            return Ok(());
+        }
+        for (slot, (w, y)) in targets.iter_mut().zip(outs.iter_mut()) {
+            *slot = (Some(*w), SyncPtr(y.as_mut_ptr()));
+        }
+        let targets = &targets[..outs.len()];
+        let direct = rows < self.decode_rows_min;
+        // PN rows multiply activations prepared once per input row (shared by all outputs).
+        let mut pn_guard = None;
+        if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+            let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
+            for ty in PnType::ALL {
+                let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+                    continue;
+                };
+                let k = w.cols;
+                let set = &mut g[pn_index(ty)];
+                for t in 0..rows {
+                    let xt = &x[t * k..(t + 1) * k];
+                    let r = if t < set.len() {
+                        set[t].update(xt)
+                    } else {
+                        PreparedI16::new(ty, xt).map(|p| set.push(p))
+                    };
+                    r.map_err(|e| {
+                        ModelError::BadArgument(format!("preparing PN activations: {e}"))
+                    })?;
+                }
+            }
+            pn_guard = Some(g);
+        }
+        let pn_acts = pn_guard.as_deref();
+        let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
+        // Chunks per output: small enough that the caller can absorb a late worker's share.
+        let single = n_threads == 1 || total_rows * rows < 64;
+        let mut first_chunk = [0usize; 9];
+        let mut n_chunks_of = [1usize; 8];
+        for (i, (w, _)) in targets.iter().enumerate() {
+            let r = w.map_or(0, |w| w.rows);
+            let chunk_rows = (r / (4 * n_threads)).max(16);
+            n_chunks_of[i] = if single {
+                1
+            } else {
+                r.div_ceil(chunk_rows).max(1)
+            };
+            first_chunk[i + 1] = first_chunk[i] + n_chunks_of[i];
+        }
+        let n_chunks = first_chunk[targets.len()];
+        let work = |p: usize, c: usize| {
+            let o = (0..targets.len())
+                .rfind(|&o| first_chunk[o] <= c)
+                .unwrap_or(0);
+            let (w, y) = &targets[o];
+            let Some(w) = *w else { return };
+            let range = split_range(w.rows, c - first_chunk[o], n_chunks_of[o]);
+            if range.is_empty() {
+                return;
+            }
+            let r = match (direct, w.kind, pn_acts) {
+                (true, RowKind::Pn(ty), Some(acts)) => {
+                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
+                }
+                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => {
+                    self.with_scratch(p, w.cols, |buf| matmul_decoded(w, x, rows, *y, range, buf))
+                }
+                _ => matmul_direct(w, x, rows, *y, range),
+            };
+            if let Err(e) = r {
+                first_error(&err, e);
+            }
+        };
+        if single {
+            for c in 0..n_chunks {
+                work(0, c);
+            }
+        } else {
+            self.pool.run(n_chunks, &work);
+        }
+        match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `y[t, r] = w_r . x_t` with the fused per-type dot product, each weight row multiplied with up
+/// to [`MULTI_ROWS`] input rows per call (fastest for a few input rows, and for f32 weights).
+fn matmul_direct(
+    w: &CpuWeight,
+    x: &[f32],
+    rows: usize,
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    let k = w.cols;
+    if rows == 1 {
+        // Decode: the single-vector kernel straight away (no per-row grouping overhead, which
+        // shows on small matrices).
+        for r in range {
+            let v = w.dot_row(r, &x[..k])?;
+            // SAFETY: row `r` of the output belongs to this thread only.
+            unsafe { *y.get().add(r) = v };
+        }
+        return Ok(());
+    }
+    let mut vals = [0f32; MULTI_ROWS];
+    for r in range {
+        for t0 in (0..rows).step_by(MULTI_ROWS) {
+            let n = (rows - t0).min(MULTI_ROWS);
+            let xs: [&[f32]; MULTI_ROWS] = std::array::from_fn(|j| {
+                let t = t0 + j.min(n - 1);
+                &x[t * k..(t + 1) * k]
+            });
+            w.dot_rows(r, &xs[..n], &mut vals[..n])?;
+            for (j, &v) in vals[..n].iter().enumerate() {
+                // SAFETY: row `r` of every output row `t` belongs to this thread only.
+                unsafe { *y.get().add((t0 + j) * w.rows + r) = v };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs.
+fn matmul_decoded(
+    w: &CpuWeight,
+    x: &[f32],
+    rows: usize,
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+    buf: &mut [f32],
+) -> Result<(), ModelError> {
+    let k = w.cols;
+    for r in range {
+        w.decode_row(r, buf)?;
+        let mut t = 0;
+        while t + 4 <= rows {
+            let xs = [0, 1, 2, 3].map(|j| &x[(t + j) * k..(t + j + 1) * k]);
+            let v = kernels::dot4(buf, xs);
+            for (j, &vj) in v.iter().enumerate() {
+                // SAFETY: as in `matmul_direct`.
+                unsafe { *y.get().add((t + j) * w.rows + r) = vj };
+            }
+            t += 4;
+        }
+        for t in t..rows {
+            let v = kernels::dot(buf, &x[t * k..(t + 1) * k]);
+            // SAFETY: as in `matmul_direct`.
+            unsafe { *y.get().add(t * w.rows + r) = v };
+        }
+    }
+    Ok(())
+}
+
+/// PN rows against prepared activations (one per input row), via
+/// `pn_format::dot::matvec_multi`: every weight block is read once for all input rows.
+fn matmul_pn(
+    w: &CpuWeight,
+    ty: PnType,
+    acts: &[PreparedI16],
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    let rb = w.row_bytes;
+    let bytes = &w.bytes()[range.start * rb..range.end * rb];
+    let pn_err = |e: pn_format::PnError| ModelError::BadTensorData {
+        name: w.name().into(),
+        reason: format!("rows {range:?}: {e}"),
+    };
+    if let [a] = acts {
+        // SAFETY: as below, for the single output row.
+        let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
+        return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
+    }
+    for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
+        let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
+        for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
+            let t = g * MULTI_ROWS + j;
+            // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
+            // every other `outs` entry, which are other output rows); in bounds because the
+            // output holds `rows * w.rows` floats (checked by `matmul`).
+            *o = unsafe {
+                std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
+            };
+        }
+        pn_format::dot::matvec_multi(ty, bytes, range.len(), group, &mut outs[..group.len()])
+            .map_err(pn_err)?;
+    }
+    Ok(())
+}
