@@ -18,6 +18,19 @@
 //!
 //! Chat-level helpers take messages and go through the model's chat template:
 //! [`Session::chat`](engine::Session::chat) with [`ChatMessage`](chat_template::ChatMessage)s.
+//!
+//! # Cargo features
+//!
+//! - `server` (default): [`server`], the OpenAI-compatible HTTP server (`pn serve`). Brings in
+//!   axum, tokio, serde_path_to_error and futures-util.
+//! - `cli` (default): the crates only the `pn` program uses: clap (arguments), indicatif
+//!   (progress bars) and ctrlc (Ctrl-C clean-up of `pn quantize`). The `pn` binary needs both
+//!   features.
+//!
+//! A program that only generates text embeds the engine without either:
+//! `pn-runtime = { version = "...", default-features = false }`. Everything else (engine,
+//! sampling, speculative decoding, tokenizer, chat templates, quantization, the CUDA backend)
+//! is always there; progress of long operations comes back through callbacks.
 pub mod engine;
 pub use engine::{
     CancelToken, Device, Engine, EngineError, EngineOptions, FinishReason, Session, StopConditions,
@@ -27,6 +40,7 @@ pub use sampling::SamplingParams;
 pub mod chat_template;
 pub mod quantize;
 pub mod sampling;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod speculative;
 pub mod tokenizer;

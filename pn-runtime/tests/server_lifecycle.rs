@@ -3,8 +3,11 @@
 //! down, and SIGTERM shuts down gracefully.
 
 mod server_support;
+use pn_runtime::server::ServerConfig;
+use pn_runtime::tokenizer::Tokenizer;
 use server_support::{collect_stream, Server};
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A long generation (no end token) so the slot stays busy.
@@ -71,14 +74,23 @@ fn disconnect_mid_stream_frees_the_slot() {
 
 #[test]
 fn full_queue_answers_429_and_panics_are_contained() {
-    let s = Server::start(&[
-        "--parallel",
-        "1",
-        "--queue",
-        "1",
-        "--debug-panic-trigger",
-        "PANIC-NOW",
-    ]);
+    // In this process, with a hook that panics (on the slot's thread, inside its panic guard)
+    // on every request whose prompt holds the marker.
+    let config = ServerConfig {
+        parallel: 1,
+        max_queue: 1,
+        ..ServerConfig::default()
+    };
+    let tokenizer = Tokenizer::open(pn_runtime::DEMO_MODEL_PATH).expect("tokenizer");
+    let hook = move |prompt: &[u32]| {
+        if tokenizer
+            .decode(prompt)
+            .is_ok_and(|text| text.contains("PANIC-NOW"))
+        {
+            panic!("request panicked on purpose (test hook)");
+        }
+    };
+    let s = Server::in_process(config, Arc::new(hook));
     let busy = start_stream(&s, LONG);
     // One may wait...
     let mut waiting = s.connect();
@@ -155,7 +167,7 @@ fn sigterm_finishes_running_requests_then_exits() {
     assert!(rest.contains("[DONE]"));
     let t0 = Instant::now();
     let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
+        if let Some(st) = s.child().try_wait().unwrap() {
             break st;
         }
         assert!(
@@ -179,7 +191,7 @@ fn sigterm_cancels_generations_after_the_grace_period() {
     let rest = String::from_utf8_lossy(&rest);
     assert!(rest.contains("shutting down"), "{rest}");
     let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
+        if let Some(st) = s.child().try_wait().unwrap() {
             break st;
         }
         assert!(

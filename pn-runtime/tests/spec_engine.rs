@@ -1,6 +1,6 @@
 //! Speculative decoding through the engine: greedy output identical to plain decoding (tiny
-//! model, a PN3-quantized one, demo model; MTP drafts with N = 1..4, forced always-accepted and
-//! always-rejected drafts), sessions left consistent when a generation stops inside an accepted
+//! model, a PN3-quantized one, the demo model and its F16 original; MTP drafts with N = 1..4,
+//! forced always-accepted and always-rejected drafts, with their acceptance and pass counts), sessions left consistent when a generation stops inside an accepted
 //! run, and sampled output with the target distribution (a chi-square test that a wrong
 //! acceptance rule fails).
 
@@ -63,9 +63,13 @@ fn tiny_pn3() -> &'static Engine {
 }
 
 fn prompt_a() -> Vec<u32> {
+    tokens_of("tiny-qwen35/tokens_a.json")
+}
+
+/// The `tokens` array of a JSON file under tests/data.
+fn tokens_of(rel: &str) -> Vec<u32> {
     let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data("tiny-qwen35/tokens_a.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(data(rel)).unwrap()).unwrap();
     v["tokens"]
         .as_array()
         .unwrap()
@@ -193,6 +197,70 @@ fn greedy_with_speculation_equals_plain_greedy_pn3() {
 fn greedy_with_speculation_equals_plain_greedy_demo() {
     let prompt = demo().tokenizer().encode("def fibonacci(n):\n").unwrap();
     check_greedy_equal(demo(), &prompt, 24);
+}
+
+/// The F16 original of the demo model, on a validation-text prompt.
+#[test]
+fn greedy_with_speculation_equals_plain_greedy_demo_f16() {
+    let toks = tokens_of("demo-code-model/tokens_val.json");
+    check_greedy_equal(demo_f16(), &toks[..24], 21);
+}
+
+fn demo_f16() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).expect("demo F16"))
+}
+
+/// Process CPU time (user + system) in seconds, from /proc (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Measurement (run with `--ignored --nocapture`): wall and CPU time per token on the demo
+/// model's F16 original, plain vs MTP drafting.
+#[test]
+#[ignore]
+fn measure_demo_model_speed() {
+    let engine = demo_f16();
+    let toks = tokens_of("demo-code-model/tokens_val.json");
+    let (prompt, n) = (&toks[..32], 64);
+    let t = (std::time::Instant::now(), cpu_seconds());
+    let want = plain_greedy(engine, prompt, n);
+    let (w, c) = (t.0.elapsed().as_secs_f64(), cpu_seconds() - t.1);
+    eprintln!(
+        "plain: {:.1} tok/s wall, {:.2} ms CPU/token",
+        n as f64 / w,
+        1e3 * c / n as f64
+    );
+    for nd in 1..=4 {
+        let mut s = engine.session().unwrap();
+        s.set_speculation(Speculation::Mtp { draft: nd });
+        let t = (std::time::Instant::now(), cpu_seconds());
+        let mut g = s
+            .generate(prompt.to_vec(), SamplingParams::greedy(), until(n))
+            .unwrap();
+        let got: Vec<u32> = g.by_ref().filter_map(|e| e.unwrap().token).collect();
+        let (w, c) = (t.0.elapsed().as_secs_f64(), cpu_seconds() - t.1);
+        let st = g.spec_stats().unwrap();
+        assert_eq!(got, want);
+        eprintln!(
+            "MTP N={nd}: {:.1} tok/s wall, {:.2} ms CPU/token, acceptance {:.2}, {:.2} tok/pass, {st:?}",
+            n as f64 / w,
+            1e3 * c / n as f64,
+            st.acceptance_rate(),
+            st.tokens_per_pass()
+        );
+    }
 }
 
 /// A session whose generation stopped at `cut` (inside a forced, always-accepted run) holds

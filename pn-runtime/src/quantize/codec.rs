@@ -143,22 +143,31 @@ impl RowEncoder {
         importance: Option<&[f32]>,
     ) -> Result<(), QuantizeError> {
         match self.target.pn() {
-            Some(pn) => self.encode_pn(pn, row, w, out, stats, unrotated, importance),
+            Some(pn) => {
+                let measure = Measure {
+                    stats,
+                    unrotated,
+                    importance,
+                };
+                self.encode_pn(pn, row, w, out, measure)
+            }
             None => self.encode_stock(row, w, out, stats),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn encode_pn(
         &self,
         pn: pn_format::PnType,
         row: u64,
         w: &mut [f32],
         out: &mut [u8],
-        stats: Option<&mut ErrStats>,
-        unrotated: bool,
-        importance: Option<&[f32]>,
+        measure: Measure<'_>,
     ) -> Result<(), QuantizeError> {
+        let Measure {
+            stats,
+            unrotated,
+            importance,
+        } = measure;
         let mut local = ErrStats::default();
         if stats.is_some() {
             local.w2 = sum_sq(w);
@@ -260,6 +269,16 @@ impl RowEncoder {
         }
         Ok(())
     }
+}
+
+/// What [`RowEncoder::encode`] measures besides encoding a row (see there).
+struct Measure<'a> {
+    /// Where the row's error sums go (`None`: not measured).
+    stats: Option<&'a mut ErrStats>,
+    /// Also measure the PN encoding of the unrotated row.
+    unrotated: bool,
+    /// Per-column importance weighting the error in the original basis.
+    importance: Option<&'a [f32]>,
 }
 
 fn sum_sq(x: &[f32]) -> f64 {

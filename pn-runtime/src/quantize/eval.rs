@@ -2,6 +2,7 @@
 //! distributions (mean / p99 KL divergence, top-1 agreement), plus each one's perplexity on the
 //! tokens themselves, like llama-perplexity's KL mode.
 
+use crate::sampling::argmax;
 use qwen_model::{CpuBackend, Model, Outputs};
 use std::path::Path;
 
@@ -51,16 +52,6 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&v| v as f64 - lse).collect()
 }
 
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 /// Compares `[n, vocab]` logits. With `tokens` (the sequence the logits were computed on),
 /// also the perplexity of each model on `tokens[1..]` (row t predicts token t+1).
 pub fn compare_logits(
@@ -80,6 +71,7 @@ pub fn compare_logits(
         let lq = log_softmax(q);
         let kl: f64 = lb.iter().zip(&lq).map(|(&x, &y)| x.exp() * (x - y)).sum();
         kls.push(kl.max(0.0));
+        // Greedy choices agree (rows of finite logits always have one).
         agree += usize::from(argmax(b) == argmax(q));
         if let Some(next) = tokens.and_then(|tk| tk.get(t + 1)) {
             let i = *next as usize;

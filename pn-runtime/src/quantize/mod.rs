@@ -160,18 +160,20 @@ pub fn quantize_model(
         opts.threads
     };
 
-    resolve_fallbacks(&file, &mut plan, threads, progress, cancel)?;
-    let ranked = promote(
-        &file,
-        &opts.output,
-        &mut plan,
-        mix.effective_promote(),
-        importance.as_ref(),
+    let pass = Pass {
+        file: &file,
         threads,
-        opts.report,
         progress,
         cancel,
-    )?;
+    };
+    resolve_fallbacks(&pass, &mut plan)?;
+    let ranking = Ranking {
+        output: &opts.output,
+        n: mix.effective_promote(),
+        importance: importance.as_ref(),
+        report: opts.report,
+    };
+    let ranked = promote(&pass, &mut plan, &ranking)?;
     let promoted = ranked.promoted.clone();
     let mix_name = if mix.kind == MixKind::P0k {
         Mix {
@@ -264,7 +266,7 @@ pub fn quantize_model(
                 progress(Progress::Advance(t.in_bytes));
                 done
             }
-            None => encode_one(&file, t, true, opts.report, None, threads, progress, cancel)?,
+            None => encode_one(&pass, t, true, opts.report, None)?,
         };
         w.write_tensor_data(t.name(), &bytes).map_err(write_err)?;
         results.push(TensorResult {
@@ -301,17 +303,30 @@ pub fn quantize_model(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every encoding pass over the input file shares: the file, the worker threads, the
+/// progress callback and the cancel flag.
+struct Pass<'a> {
+    file: &'a GgufFile,
+    threads: usize,
+    progress: &'a (dyn Fn(Progress<'_>) + Sync),
+    cancel: &'a AtomicBool,
+}
+
+/// Encodes tensor `t` of the input (`keep_output`: return the bytes; `unrotated`: also measure
+/// the unrotated PN error; `importance`: weight the error by it).
 fn encode_one(
-    file: &GgufFile,
+    pass: &Pass<'_>,
     t: &plan::TensorPlan,
     keep_output: bool,
     unrotated: bool,
     importance: Option<&[f32]>,
-    threads: usize,
-    progress: &(dyn Fn(Progress<'_>) + Sync),
-    cancel: &AtomicBool,
 ) -> Result<(Vec<u8>, ErrStats), QuantizeError> {
+    let Pass {
+        file,
+        threads,
+        progress,
+        cancel,
+    } = *pass;
     let view = file.tensor(t.name()).map_err(|e| QuantizeError::Codec {
         tensor: t.name().to_string(),
         msg: e.to_string(),
@@ -344,13 +359,8 @@ fn encode_one(
 
 /// Measures and fixes the type of every tensor whose K-quant cannot tile K
 /// ([`fallback::choose`]); PN choices take the file's rotation.
-fn resolve_fallbacks(
-    file: &GgufFile,
-    plan: &mut plan::ModelPlan,
-    threads: usize,
-    progress: &(dyn Fn(Progress<'_>) + Sync),
-    cancel: &AtomicBool,
-) -> Result<(), QuantizeError> {
+fn resolve_fallbacks(pass: &Pass<'_>, plan: &mut plan::ModelPlan) -> Result<(), QuantizeError> {
+    let progress = pass.progress;
     let pending: Vec<usize> = (0..plan.tensors.len())
         .filter(|&i| plan.tensors[i].fallback_from.is_some())
         .collect();
@@ -371,7 +381,7 @@ fn resolve_fallbacks(
         let choice = fallback::choose(t.name(), t.encoder.k, intended, plan.rotation, |enc| {
             let mut probe = t.clone();
             probe.encoder = enc.clone();
-            encode_one(file, &probe, false, false, None, threads, progress, cancel).map(|r| r.1)
+            encode_one(pass, &probe, false, false, None).map(|r| r.1)
         })?;
         let t = &mut plan.tensors[i];
         t.encoder = fallback::encoder_for(t.name(), t.encoder.k, choice.chosen, plan.rotation);
@@ -404,18 +414,30 @@ impl Ranked {
 /// Ranks the pn3t tensors by relative squared error after rotation (importance-weighted when
 /// an importance vector exists for the tensor) and turns the worst `n` into pn4t. Ties go to
 /// the name, so the result does not depend on timing.
-#[allow(clippy::too_many_arguments)]
-fn promote(
-    file: &GgufFile,
-    output: &std::path::Path,
-    plan: &mut plan::ModelPlan,
+/// What [`promote`] ranks for.
+struct Ranking<'a> {
+    /// The output file (the spill file goes beside it).
+    output: &'a std::path::Path,
+    /// How many pn3t tensors become pn4t.
     n: usize,
-    importance: Option<&imatrix::Importance>,
-    threads: usize,
+    /// Importance vectors weighting each tensor's error, when an imatrix was given.
+    importance: Option<&'a imatrix::Importance>,
+    /// Also measure the unrotated error (for the report).
     report: bool,
-    progress: &(dyn Fn(Progress<'_>) + Sync),
-    cancel: &AtomicBool,
+}
+
+fn promote(
+    pass: &Pass<'_>,
+    plan: &mut plan::ModelPlan,
+    ranking: &Ranking<'_>,
 ) -> Result<Ranked, QuantizeError> {
+    let Ranking {
+        output,
+        n,
+        importance,
+        report,
+    } = *ranking;
+    let progress = pass.progress;
     let mut ranked = Ranked {
         promoted: Vec::new(),
         spill: None,
@@ -444,7 +466,7 @@ fn promote(
             .and_then(|m| m.get(t.name()))
             .filter(|v| v.len() == t.encoder.k)
             .map(|v| v.as_slice());
-        let (bytes, stats) = encode_one(file, t, true, report, imp, threads, progress, cancel)?;
+        let (bytes, stats) = encode_one(pass, t, true, report, imp)?;
         let off = spill.append(&bytes)?;
         // The stats kept for the summary are the plain (unweighted) ones.
         let mut plain = stats;

@@ -11,5 +11,5 @@ mod sampler;
 mod stop;
 
 pub use rng::SplitMix64;
-pub use sampler::{Sampler, SamplingParams, TokenDist, TokenMask};
+pub use sampler::{argmax, Sampler, SamplingParams, TokenDist, TokenMask};
 pub use stop::{StopChunk, StopStrings, StopTokens};

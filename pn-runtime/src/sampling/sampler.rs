@@ -352,8 +352,14 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
-/// The first index of the largest finite logit.
-fn argmax(logits: &[f32]) -> Option<u32> {
+/// The index of the largest finite value of `logits`: greedy decoding's token.
+///
+/// Ties go to the first (lowest) index. NaN and infinite values are skipped (a masked token's
+/// `-inf` never wins, and neither does an overflowed `+inf` or a NaN), and `None` comes back
+/// when no value is finite (an empty row included). Every greedy choice, top-1 agreement and
+/// accuracy count in the crate uses this one function; on rows of finite logits it is the
+/// plain "first maximum".
+pub fn argmax(logits: &[f32]) -> Option<u32> {
     let mut best: Option<(usize, f32)> = None;
     for (i, &l) in logits.iter().enumerate() {
         if l.is_finite() && best.is_none_or(|(_, b)| l > b) {

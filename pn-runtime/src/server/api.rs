@@ -612,12 +612,13 @@ pub struct ChatChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-/// A chat completion or one chunk of a streamed one.
+/// A completion or one chunk of a streamed one, the same envelope for both endpoints: choices
+/// `C` are [`ChatChoice`]s or [`TextChoice`]s.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletion {
-    /// `chatcmpl-...`, the same for every chunk of a stream.
+pub struct Completion<C> {
+    /// `chatcmpl-...` / `cmpl-...`, the same for every chunk of a stream.
     pub id: String,
-    /// `chat.completion` or `chat.completion.chunk`.
+    /// `chat.completion`, `chat.completion.chunk` or `text_completion`.
     pub object: &'static str,
     /// Unix seconds.
     pub created: u64,
@@ -626,11 +627,14 @@ pub struct ChatCompletion {
     /// Identifies the build.
     pub system_fingerprint: &'static str,
     /// One choice (none on the final usage chunk).
-    pub choices: Vec<ChatChoice>,
+    pub choices: Vec<C>,
     /// Token counts (whole responses and the last chunks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
+
+/// A chat completion or one chunk of a streamed one.
+pub type ChatCompletion = Completion<ChatChoice>;
 
 /// One choice of a text completion.
 #[derive(Debug, Clone, Serialize)]
@@ -646,24 +650,7 @@ pub struct TextChoice {
 }
 
 /// A text completion or one chunk of a streamed one.
-#[derive(Debug, Clone, Serialize)]
-pub struct TextCompletion {
-    /// `cmpl-...`.
-    pub id: String,
-    /// `text_completion`.
-    pub object: &'static str,
-    /// Unix seconds.
-    pub created: u64,
-    /// The served model's id.
-    pub model: String,
-    /// Identifies the build.
-    pub system_fingerprint: &'static str,
-    /// One choice (none on the final usage chunk).
-    pub choices: Vec<TextChoice>,
-    /// Token counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+pub type TextCompletion = Completion<TextChoice>;
 
 /// The `system_fingerprint` of every response.
 pub const FINGERPRINT: &str = concat!("pn-", env!("CARGO_PKG_VERSION"));

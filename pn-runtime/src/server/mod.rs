@@ -53,8 +53,6 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long running generations may continue after SIGINT/SIGTERM before they are cancelled.
     pub shutdown_grace: Duration,
-    /// Test hook: a prompt containing this text makes its slot panic.
-    pub panic_trigger: Option<String>,
     /// Jinja chat template to use instead of the model's (its source text).
     pub chat_template: Option<String>,
 }
@@ -70,7 +68,6 @@ impl Default for ServerConfig {
             model_id: None,
             max_body_bytes: 16 << 20,
             shutdown_grace: Duration::from_secs(10),
-            panic_trigger: None,
             chat_template: None,
         }
     }
@@ -95,25 +92,63 @@ pub enum ServerError {
     Template(#[from] crate::chat_template::ChatTemplateError),
 }
 
+/// Called on a slot's thread with each request's prompt tokens just before the slot generates,
+/// inside the slot's panic guard. See [`serve_on`].
+pub type SlotHook = Arc<dyn Fn(&[u32]) + Send + Sync>;
+
 /// Runs the server until SIGINT or SIGTERM. Prints `pn serve: listening on http://ADDR` on
 /// stdout once the socket is bound (with `port: 0`, ADDR has the port chosen).
 pub fn serve(engine: &'static Engine, config: ServerConfig) -> Result<(), ServerError> {
     let addr = format!("{}:{}", config.host, config.port);
+    start_runtime(&addr)?.block_on(run(engine, config, &addr, None, None))
+}
+
+/// Runs the server like [`serve`] on `listener`, already bound (`config.host` and
+/// `config.port` are not used), with `before_generate` called on every request (see
+/// [`SlotHook`]). For a server started in-process, e.g. by a test that binds port 0, reads the
+/// address, and then talks to the server.
+///
+/// The hook is how the integration tests check that a request that panics in its slot is
+/// answered 500 and the server keeps serving: the test injects a hook that panics on a marker
+/// prompt. It replaces a hidden `--debug-panic-trigger` flag that carried the test's panic in
+/// every release binary and in [`ServerConfig`]. A `test-hooks` cargo feature was the other
+/// way, but a package's own integration tests cannot turn on its features (it cannot
+/// dev-depend on itself), so plain `cargo test` would have skipped the test; a hook keeps the
+/// test's assertion (the panic unwinds on the slot thread inside the same guard as any other,
+/// and gets the same 500) with nothing test-specific in production code.
+pub fn serve_on(
+    listener: std::net::TcpListener,
+    engine: &'static Engine,
+    config: ServerConfig,
+    before_generate: Option<SlotHook>,
+) -> Result<(), ServerError> {
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| "listener".to_string(), |a| a.to_string());
+    start_runtime(&addr)?.block_on(run(engine, config, &addr, Some(listener), before_generate))
+}
+
+fn start_runtime(addr: &str) -> Result<tokio::runtime::Runtime, ServerError> {
     let io = |source| ServerError::Io {
-        addr: addr.clone(),
+        addr: addr.to_string(),
         source,
     };
     // Two async threads are plenty: handlers only parse JSON and wait on channels, the model
     // runs on the slot threads.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(io)?;
-    runtime.block_on(run(engine, config, &addr))
+        .map_err(io)
 }
 
-async fn run(engine: &'static Engine, config: ServerConfig, addr: &str) -> Result<(), ServerError> {
+async fn run(
+    engine: &'static Engine,
+    config: ServerConfig,
+    addr: &str,
+    listener: Option<std::net::TcpListener>,
+    before_generate: Option<SlotHook>,
+) -> Result<(), ServerError> {
     let io = |source| ServerError::Io {
         addr: addr.to_string(),
         source,
@@ -127,9 +162,22 @@ async fn run(engine: &'static Engine, config: ServerConfig, addr: &str) -> Resul
         None => None,
     };
     let metrics = Arc::new(metrics::Metrics::default());
-    let scheduler =
-        scheduler::Scheduler::start(engine, config.parallel, config.max_queue, metrics.clone())?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(io)?;
+    let scheduler = scheduler::Scheduler::start(
+        engine,
+        scheduler::SlotConfig {
+            n_slots: config.parallel,
+            max_queue: config.max_queue,
+            before_generate,
+        },
+        metrics.clone(),
+    )?;
+    let listener = match listener {
+        Some(l) => {
+            l.set_nonblocking(true).map_err(io)?;
+            tokio::net::TcpListener::from_std(l).map_err(io)?
+        }
+        None => tokio::net::TcpListener::bind(addr).await.map_err(io)?,
+    };
     let bound = listener.local_addr().map_err(io)?;
     let model_id = config.model_id.clone().unwrap_or_else(|| {
         engine
@@ -145,7 +193,6 @@ async fn run(engine: &'static Engine, config: ServerConfig, addr: &str) -> Resul
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        panic_trigger: config.panic_trigger.clone(),
         max_body_bytes: config.max_body_bytes,
         template,
     });

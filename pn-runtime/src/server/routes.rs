@@ -36,8 +36,6 @@ pub struct AppState {
     pub model_id: String,
     /// Unix seconds at start.
     pub created: u64,
-    /// Test hook: a prompt containing this text makes its worker panic.
-    pub panic_trigger: Option<String>,
     /// Request body limit (for the 413 message).
     pub max_body_bytes: usize,
     /// A chat template replacing the model's (`--chat-template-file`).
@@ -207,11 +205,7 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
         let endpoint = Endpoint::Chat {
             thinking: prompt_opens_thinking(&text),
         };
-        let panic = st
-            .panic_trigger
-            .as_deref()
-            .is_some_and(|t| text.contains(t));
-        start(&st, tokens, settings, endpoint, arrival, panic, "messages").await
+        start(&st, tokens, settings, endpoint, arrival, "messages").await
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
@@ -227,14 +221,11 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
         let prompt = req.prompt()?;
         let engine = st.engine;
         let n_vocab = engine.tokenizer().n_vocab();
-        let (text, tokens) = blocking(move || match prompt {
-            Prompt::Text(t) => {
-                let tokens = engine
-                    .tokenizer()
-                    .encode(&t)
-                    .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?;
-                Ok((t, tokens))
-            }
+        let tokens = blocking(move || match prompt {
+            Prompt::Text(t) => engine
+                .tokenizer()
+                .encode(&t)
+                .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}"))),
             Prompt::Tokens(t) => {
                 if let Some(bad) = t.iter().find(|&&id| id as usize >= n_vocab) {
                     return Err(ApiError::invalid_param(
@@ -242,21 +233,16 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
                         format!("token id {bad} is outside the vocabulary of {n_vocab}"),
                     ));
                 }
-                Ok((String::new(), t))
+                Ok(t)
             }
         })
         .await?;
-        let panic = st
-            .panic_trigger
-            .as_deref()
-            .is_some_and(|p| text.contains(p));
         start(
             &st,
             tokens,
             settings,
             Endpoint::Completion,
             arrival,
-            panic,
             "prompt",
         )
         .await
@@ -272,7 +258,6 @@ async fn start(
     settings: GenSettings,
     endpoint: Endpoint,
     arrival: Instant,
-    panic_for_test: bool,
     what: &str,
 ) -> Result<Response, ApiError> {
     let context = st.engine.context();
@@ -315,7 +300,6 @@ async fn start(
         },
         cancel: cancel.clone(),
         events: tx,
-        panic_for_test,
     };
     st.scheduler.submit(job)?;
     let guard = CancelOnDrop(cancel);

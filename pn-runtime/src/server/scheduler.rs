@@ -52,8 +52,18 @@ pub struct Job {
     pub cancel: CancelToken,
     /// Where events go.
     pub events: UnboundedSender<Event>,
-    /// Test hook: the worker panics on this request (`--debug-panic-trigger`).
-    pub panic_for_test: bool,
+}
+
+/// How many slots, how long a queue, and the optional hook every slot calls before it
+/// generates (see [`SlotHook`](super::SlotHook)).
+#[derive(Clone, Default)]
+pub struct SlotConfig {
+    /// Slots (at least one is made).
+    pub n_slots: usize,
+    /// Requests that may wait for a slot.
+    pub max_queue: usize,
+    /// Called with each request's prompt inside the slot's panic guard.
+    pub before_generate: Option<super::SlotHook>,
 }
 
 struct Slot {
@@ -78,6 +88,7 @@ pub struct Scheduler {
     slots: Vec<Slot>,
     max_queue: usize,
     metrics: Arc<Metrics>,
+    before_generate: Option<super::SlotHook>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -90,13 +101,17 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    /// Creates `n_slots` sessions and their worker threads.
+    /// Creates `config.n_slots` sessions and their worker threads.
     pub fn start(
         engine: &'static Engine,
-        n_slots: usize,
-        max_queue: usize,
+        config: SlotConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Scheduler>, EngineError> {
+        let SlotConfig {
+            n_slots,
+            max_queue,
+            before_generate,
+        } = config;
         let n_slots = n_slots.max(1);
         let mut slots = Vec::with_capacity(n_slots);
         let mut receivers = Vec::with_capacity(n_slots);
@@ -117,6 +132,7 @@ impl Scheduler {
             slots,
             max_queue,
             metrics,
+            before_generate,
         });
         for (i, rx) in receivers.into_iter().enumerate() {
             let s = Arc::clone(&sched);
@@ -234,8 +250,8 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            if job.panic_for_test {
-                panic!("request panicked on purpose (--debug-panic-trigger)");
+            if let Some(hook) = &self.before_generate {
+                hook(&job.prompt);
             }
             generate(&mut session, &job, &self.metrics)
         }));

@@ -1,38 +1,50 @@
-//! Greedy speculative decoding with the model's MTP head as the drafter.
+//! Speculative decoding with the model's MTP head as the drafter.
 //!
 //! One step, with the trunk having processed `x_0..x_{n-1}` and the next token `x_n` known:
 //! 1. Draft: the MTP block runs the row `(x_n, h_{n-1})` at position `n`, then chains its own
 //!    hidden state for up to `n_draft` tokens `d_1..d_N`.
-//! 2. Verify: snapshot the GDN state, run the trunk over `[x_n, d_1..d_N]` in one batched pass
-//!    (all rows' logits and hidden states).
-//! 3. Accept by exact match with the target's argmax; the first mismatch gives the bonus token.
-//! 4. Roll back when some draft was rejected: restore the snapshot and replay the accepted
-//!    tokens `[x_n, d_1..d_a]` (recompute; KV rows past them are simply overwritten later).
-//! 5. Keep the MTP cache in step: drop the draft rows, then (merged with the next step's first
-//!    draft row) feed `(d_i, h_{n+i-1})` with the target's hidden states of the accepted rows.
+//! 2. Verify: run the trunk over `[x_n, d_1..d_N]` in one batched pass (all rows' logits and
+//!    hidden states), recording the GDN state after every row (the per-row state trace,
+//!    `qwen_model::StateTrace`).
+//! 3. Accept by the speculative-sampling rule ([`accept`]; under greedy sampling, an exact
+//!    match with the target's argmax); the first rejection gives the replacement token, else
+//!    the last row gives the bonus token.
+//! 4. Roll back when some draft was rejected: copy the GDN state the trace recorded after the
+//!    accepted tokens `[x_n, d_1..d_a]` back into the state. Nothing is recomputed (no replay
+//!    pass); the KV rows past the accepted ones are simply overwritten later. A generation
+//!    that stops inside an accepted run rolls back the same way
+//!    ([`SpecDecoder::rollback_to`]).
+//! 5. Keep the MTP cache in step: drop the chained draft rows, then feed `(d_i, h_{n+i-1})`
+//!    with the target's hidden states of the accepted rows.
 //!
 //! The MTP rows follow the vLLM/transformers convention (architecture reference section 6): the
 //! row for `x_{p+1}` pairs with the trunk's post-norm `h_p` at position `p + 1`, and the first
 //! token has no row, so the MTP cache holds `pos - 1` rows between steps.
-
 //!
-//! Inside the engine ([`SpecDecoder`], used by a session's generation) the same step works for
-//! sampling too: drafts are drawn from the MTP head's distribution `q` after the sampler's
-//! transforms, and accepted by the standard speculative-sampling rule ([`accept`]), so the
-//! output has exactly the target's distribution.
+//! The decoder ([`SpecDecoder`], used by a session's generation) works for sampling too:
+//! drafts are drawn from the MTP head's distribution `q` after the sampler's transforms, and
+//! accepted by the standard speculative-sampling rule ([`accept`]), so the output has exactly
+//! the target's distribution (greedy sampling gives exactly plain greedy decoding's tokens).
 
 pub mod accept;
-mod decode;
+mod backoff;
 mod session_decoder;
 mod stats;
 
 pub use accept::AcceptRule;
-pub use decode::{greedy_generate, plain_greedy, Drafter, SpecError};
-pub use session_decoder::{SpecControl, SpecDecoder, MIN_ACCEPTANCE};
+pub use backoff::MIN_ACCEPTANCE;
+pub use session_decoder::{SpecControl, SpecDecoder, StepInput};
 pub use stats::SpecStats;
 
 use std::fmt;
 use std::str::FromStr;
+
+/// A source of draft tokens other than the MTP head (tests force acceptance or rejection).
+pub trait Drafter {
+    /// Up to `n` tokens proposed to follow `sequence` (prompt and every token generated so far,
+    /// including the next token the target already chose).
+    fn draft(&mut self, sequence: &[u32], n: usize) -> Vec<u32>;
+}
 
 /// Draft tokens per step when speculation is on and none is given. Each draft costs one MTP
 /// step and one more verification row; 2 balances that against the acceptance of a trained

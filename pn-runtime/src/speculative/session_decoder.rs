@@ -3,65 +3,10 @@
 //! accepted run (when a generation stops in the middle of it).
 
 use super::accept::{judge, AcceptRule};
+use super::backoff::Backoff;
 use super::{Drafter, SpecStats, Speculation};
 use crate::sampling::{Sampler, TokenDist};
 use qwen_model::{Backend, Model, ModelError, Outputs, State, StateTrace, Workspace};
-
-/// Drafting pauses while the running acceptance rate is below this. A rejected draft costs its
-/// row of the verification pass (the rollback copies the GDN state recorded after the accepted
-/// prefix, no replay pass), and a drafter that is never right (a random or mismatched MTP
-/// head) still wastes those rows and the drafting itself.
-pub const MIN_ACCEPTANCE: f32 = 0.5;
-/// Steps without drafting after the first low-acceptance verdict; doubles while probes keep
-/// failing, up to [`MAX_PAUSE`].
-const MIN_PAUSE: u32 = 8;
-const MAX_PAUSE: u32 = 128;
-/// Weight of the newest step in the running acceptance rate.
-const EMA_WEIGHT: f32 = 0.25;
-
-/// Deterministic back-off (it depends only on the accept/reject history, so a seeded run is
-/// reproducible): drafting stops for a while when drafts keep being rejected, then probes.
-#[derive(Debug, Clone, Copy)]
-struct Backoff {
-    ema: f32,
-    pause: u32,
-    next_pause: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            ema: 1.0,
-            pause: 0,
-            next_pause: MIN_PAUSE,
-        }
-    }
-}
-
-impl Backoff {
-    /// Whether this step may draft (counts down a pause).
-    fn may_draft(&mut self) -> bool {
-        if self.pause > 0 {
-            self.pause -= 1;
-            return false;
-        }
-        true
-    }
-
-    /// Records a step that drafted `drafted > 0` tokens and accepted `accepted`.
-    fn record(&mut self, drafted: usize, accepted: usize) {
-        let rate = accepted as f32 / drafted as f32;
-        self.ema = (1.0 - EMA_WEIGHT) * self.ema + EMA_WEIGHT * rate;
-        if self.ema < MIN_ACCEPTANCE {
-            self.pause = self.next_pause;
-            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
-            // The probe after the pause is judged on its own result, from just above the bar.
-            self.ema = MIN_ACCEPTANCE + EMA_WEIGHT * 0.5;
-        } else if rate >= MIN_ACCEPTANCE {
-            self.next_pause = MIN_PAUSE;
-        }
-    }
-}
 
 /// What [`SpecDecoder::step`] must remember to roll back to a prefix of its accepted run.
 #[derive(Debug, Default)]
@@ -77,6 +22,17 @@ struct Undo {
     /// Whether `x_n` got an MTP row (it needs the trunk's `h_{n-1}`, kept in `h_prev`).
     x_row: bool,
     h_prev: Vec<f32>,
+}
+
+/// What one [`SpecDecoder::step`] continues from.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    /// The tokens the state has processed (the sampler's penalties look at their tail).
+    pub history: &'a [u32],
+    /// The sampled token that follows `history`, not yet processed.
+    pub x_n: u32,
+    /// Most tokens to draft in this step (the generation's remaining budget and room).
+    pub max_draft: usize,
 }
 
 /// Per-session speculative decoder: drafts with the model's MTP head (or a [`Drafter`]),
@@ -98,19 +54,34 @@ pub struct SpecDecoder<B: Backend> {
     undo: Undo,
     stats: SpecStats,
     backoff: Backoff,
-    // Scratch buffers, reused across steps.
-    hbuf: Vec<f32>,
-    rows_h: Vec<f32>,
-    rows_t: Vec<u32>,
-    vl: Vec<f32>,
-    vh: Vec<f32>,
+    // Scratch buffers, reused across steps (grown on demand, never shrunk).
+    /// Trunk post-norm hidden states of the tokens of one [`forward`](Self::forward) call:
+    /// `[tokens, hidden]`.
+    prompt_h: Vec<f32>,
+    /// Tokens of the MTP rows staged for the MTP block's cache: `[rows]`.
+    mtp_rows_t: Vec<u32>,
+    /// The trunk hidden state each staged MTP row pairs with: `[rows, hidden]`.
+    mtp_rows_h: Vec<f32>,
+    /// Logits of every row of the last verification pass: `[1 + drafts, vocab]`.
+    verify_logits: Vec<f32>,
+    /// Trunk post-norm hidden states of every row of the last verification pass:
+    /// `[1 + drafts, hidden]` (the MTP rows of the accepted tokens, and rollbacks, use them).
+    verify_h: Vec<f32>,
+    /// Logits of the MTP head's last draft: `[vocab]`.
     mtp_logits: Vec<f32>,
+    /// The MTP block's hidden state after its last draft: `[hidden]`.
     mtp_h: Vec<f32>,
+    /// Copy of `mtp_h` fed back as the next chained draft's input: `[hidden]`.
     chain_h: Vec<f32>,
-    hist: Vec<u32>,
-    q: Vec<TokenDist>,
-    p: TokenDist,
-    resid: TokenDist,
+    /// The tokens the sampler's penalties see: `[<= penalty_last_n + 1 + drafts]` (the
+    /// history window, `x_n`, then the drafts).
+    penalty_hist: Vec<u32>,
+    /// The distribution each draft was drawn from: `[drafts]`, each over the vocabulary.
+    draft_dists: Vec<TokenDist>,
+    /// The target's distribution at the row being judged (over the vocabulary).
+    target_dist: TokenDist,
+    /// The residual distribution a rejected draft's replacement is drawn from.
+    residual_dist: TokenDist,
 }
 
 impl<B: Backend> std::fmt::Debug for SpecDecoder<B> {
@@ -151,18 +122,18 @@ impl<B: Backend> SpecDecoder<B> {
             undo: Undo::default(),
             stats: SpecStats::default(),
             backoff: Backoff::default(),
-            hbuf: Vec::new(),
-            rows_h: Vec::new(),
-            rows_t: Vec::new(),
-            vl: Vec::new(),
-            vh: Vec::new(),
+            prompt_h: Vec::new(),
+            mtp_rows_t: Vec::new(),
+            mtp_rows_h: Vec::new(),
+            verify_logits: Vec::new(),
+            verify_h: Vec::new(),
             mtp_logits: vec![0.0; model.config.vocab],
             mtp_h: vec![0.0; model.config.hidden],
             chain_h: vec![0.0; model.config.hidden],
-            hist: Vec::new(),
-            q: Vec::new(),
-            p: TokenDist::new(),
-            resid: TokenDist::new(),
+            penalty_hist: Vec::new(),
+            draft_dists: Vec::new(),
+            target_dist: TokenDist::new(),
+            residual_dist: TokenDist::new(),
         }
     }
 
@@ -240,8 +211,8 @@ impl<B: Backend> SpecDecoder<B> {
         }
         let d = model.config.hidden;
         let (pos0, r) = (state.pos(), tokens.len());
-        self.hbuf.resize(r * d, 0.0);
-        let (head, last) = self.hbuf.split_at_mut((r - 1) * d);
+        self.prompt_h.resize(r * d, 0.0);
+        let (head, last) = self.prompt_h.split_at_mut((r - 1) * d);
         if r > 1 {
             let o = Outputs {
                 hidden: Some(head),
@@ -260,23 +231,24 @@ impl<B: Backend> SpecDecoder<B> {
         // MTP rows (x_{p+1}, h_p): the first token pairs with the carried `h` (if it belongs
         // to this sequence's previous position; otherwise its row is left out).
         state.truncate_mtp(pos0.saturating_sub(1));
-        self.rows_t.clear();
-        self.rows_h.clear();
+        self.mtp_rows_t.clear();
+        self.mtp_rows_h.clear();
         let with_first = pos0 > 0 && self.h_for == Some(pos0);
         if with_first {
-            self.rows_t.push(tokens[0]);
-            self.rows_h.extend_from_slice(&self.last_h);
+            self.mtp_rows_t.push(tokens[0]);
+            self.mtp_rows_h.extend_from_slice(&self.last_h);
         }
-        self.rows_t.extend_from_slice(&tokens[1..]);
-        self.rows_h.extend_from_slice(&self.hbuf[..(r - 1) * d]);
+        self.mtp_rows_t.extend_from_slice(&tokens[1..]);
+        self.mtp_rows_h
+            .extend_from_slice(&self.prompt_h[..(r - 1) * d]);
         let rope0 = if with_first { pos0 } else { pos0 + 1 };
         self.add_mtp_rows(model, state, ws, rope0)?;
-        self.last_h.copy_from_slice(&self.hbuf[(r - 1) * d..]);
+        self.last_h.copy_from_slice(&self.prompt_h[(r - 1) * d..]);
         self.h_for = Some(pos0 + r);
         Ok(())
     }
 
-    /// Adds the staged MTP rows (`rows_t` paired with `rows_h`, the first at RoPE position
+    /// Adds the staged MTP rows (`mtp_rows_t` paired with `mtp_rows_h`, the first at RoPE position
     /// `rope0`) to the MTP block's cache.
     fn add_mtp_rows(
         &self,
@@ -285,35 +257,38 @@ impl<B: Backend> SpecDecoder<B> {
         ws: &mut Workspace<B>,
         rope0: usize,
     ) -> Result<(), ModelError> {
-        if self.rows_t.is_empty() {
+        if self.mtp_rows_t.is_empty() {
             return Ok(());
         }
         model.mtp_forward(
             state,
             ws,
-            &self.rows_t,
-            &self.rows_h,
+            &self.mtp_rows_t,
+            &self.mtp_rows_h,
             rope0,
             Outputs::default(),
         )
     }
 
-    /// One speculative step. The state holds the sequence `history` (its processed tokens)
-    /// and `x_n` is the sampled token that follows it. Drafts up to `max_draft` (and at most
-    /// [`n_draft`](Self::n_draft)) tokens, verifies `[x_n, drafts]` in one trunk pass, and
-    /// returns the accepted drafts and the token after them (the replacement of the first
-    /// rejected draft, or the bonus token). The state then holds `history, x_n, accepted`.
-    #[allow(clippy::too_many_arguments)]
+    /// One speculative step. The state holds the sequence `input.history` (its processed
+    /// tokens) and `input.x_n` is the sampled token that follows it. Drafts up to
+    /// `input.max_draft` (and at most [`n_draft`](Self::n_draft)) tokens, verifies
+    /// `[x_n, drafts]` in one trunk pass, and returns the accepted drafts and the token after
+    /// them (the replacement of the first rejected draft, or the bonus token). The state then
+    /// holds `history, x_n, accepted`.
     pub fn step(
         &mut self,
         model: &Model<B>,
         state: &mut State<B>,
         ws: &mut Workspace<B>,
         sampler: &mut Sampler,
-        history: &[u32],
-        x_n: u32,
-        max_draft: usize,
+        input: StepInput<'_>,
     ) -> Result<(Vec<u32>, u32), ModelError> {
+        let StepInput {
+            history,
+            x_n,
+            max_draft,
+        } = input;
         self.undo.valid = false;
         let (cfg, be) = (&model.config, &model.backend);
         let (v, d) = (cfg.vocab, cfg.hidden);
@@ -326,11 +301,11 @@ impl<B: Backend> SpecDecoder<B> {
         };
         // Penalties see at most the last `penalty_last_n` tokens: keep only those.
         let window = sampler.params().penalty_last_n;
-        self.hist.clear();
-        self.hist
+        self.penalty_hist.clear();
+        self.penalty_hist
             .extend_from_slice(&history[history.len().saturating_sub(window)..]);
-        self.hist.push(x_n);
-        let base = self.hist.len();
+        self.penalty_hist.push(x_n);
+        let base = self.penalty_hist.len();
         let h_valid = self.use_mtp && n > 0 && self.h_for == Some(n);
 
         // 1. Draft.
@@ -344,11 +319,11 @@ impl<B: Backend> SpecDecoder<B> {
                 drafts.truncate(k_max);
                 drafts.retain(|&t| (t as usize) < v);
                 for (i, &t) in drafts.iter().enumerate() {
-                    if self.q.len() <= i {
-                        self.q.push(TokenDist::new());
+                    if self.draft_dists.len() <= i {
+                        self.draft_dists.push(TokenDist::new());
                     }
-                    self.q[i].reset(v);
-                    self.q[i].push(t, 1.0);
+                    self.draft_dists[i].reset(v);
+                    self.draft_dists[i].push(t, 1.0);
                 }
             } else if h_valid {
                 state.truncate_mtp(n - 1);
@@ -362,13 +337,17 @@ impl<B: Backend> SpecDecoder<B> {
                 mtp_after_x = Some(state.mtp_len());
                 loop {
                     let i = drafts.len();
-                    if self.q.len() <= i {
-                        self.q.push(TokenDist::new());
+                    if self.draft_dists.len() <= i {
+                        self.draft_dists.push(TokenDist::new());
                     }
-                    sampler.distribution(&mut self.mtp_logits, &self.hist, &mut self.q[i]);
-                    let t = sampler.draw(&self.q[i]);
+                    sampler.distribution(
+                        &mut self.mtp_logits,
+                        &self.penalty_hist,
+                        &mut self.draft_dists[i],
+                    );
+                    let t = sampler.draw(&self.draft_dists[i]);
                     drafts.push(t);
-                    self.hist.push(t);
+                    self.penalty_hist.push(t);
                     if drafts.len() == k_max {
                         break;
                     }
@@ -382,21 +361,21 @@ impl<B: Backend> SpecDecoder<B> {
                     };
                     model.mtp_forward(state, ws, &[t], &self.chain_h, n + drafts.len(), out)?;
                 }
-                self.hist.truncate(base);
+                self.penalty_hist.truncate(base);
             }
         }
-        self.hist.extend_from_slice(&drafts);
+        self.penalty_hist.extend_from_slice(&drafts);
 
         // 2. Verify [x_n, drafts] in one trunk pass (all rows' logits and hidden states).
         let k = drafts.len() + 1;
         let mut batch = Vec::with_capacity(k);
         batch.push(x_n);
         batch.extend_from_slice(&drafts);
-        self.vl.resize(k * v, 0.0);
-        self.vh.resize(k * d, 0.0);
+        self.verify_logits.resize(k * v, 0.0);
+        self.verify_h.resize(k * d, 0.0);
         let out = Outputs {
-            logits: Some(&mut self.vl[..k * v]),
-            hidden: Some(&mut self.vh[..k * d]),
+            logits: Some(&mut self.verify_logits[..k * v]),
+            hidden: Some(&mut self.verify_h[..k * d]),
             all_rows: true,
             layer_residuals: None,
         };
@@ -412,23 +391,24 @@ impl<B: Backend> SpecDecoder<B> {
             model.forward(state, ws, &batch, out)?;
         }
         self.stats.target_passes += 1;
+        self.stats.verify_rows += k as u64;
         self.stats.drafted += drafts.len() as u64;
 
         // 3. Accept: row `a` predicts the token after `batch[a]`.
         let mut a = 0;
         let next = loop {
-            let row = &mut self.vl[a * v..(a + 1) * v];
-            sampler.distribution(row, &self.hist[..base + a], &mut self.p);
+            let row = &mut self.verify_logits[a * v..(a + 1) * v];
+            sampler.distribution(row, &self.penalty_hist[..base + a], &mut self.target_dist);
             if a == drafts.len() {
-                break sampler.draw(&self.p);
+                break sampler.draw(&self.target_dist);
             }
             match judge(
                 self.rule,
                 sampler,
                 drafts[a],
-                &self.p,
-                &self.q[a],
-                &mut self.resid,
+                &self.target_dist,
+                &self.draft_dists[a],
+                &mut self.residual_dist,
             ) {
                 Ok(()) => a += 1,
                 Err(t) => break t,
@@ -452,8 +432,8 @@ impl<B: Backend> SpecDecoder<B> {
         // 5. MTP cache: drop the chained draft rows, add rows for x_n (if not made while
         //    drafting) and for the accepted drafts with the target's hidden states.
         if self.use_mtp {
-            self.rows_t.clear();
-            self.rows_h.clear();
+            self.mtp_rows_t.clear();
+            self.mtp_rows_h.clear();
             let rope0;
             match mtp_after_x {
                 Some(m) => {
@@ -463,16 +443,16 @@ impl<B: Backend> SpecDecoder<B> {
                 None => {
                     state.truncate_mtp(n.saturating_sub(1));
                     if h_valid {
-                        self.rows_t.push(x_n);
-                        self.rows_h.extend_from_slice(&self.last_h);
+                        self.mtp_rows_t.push(x_n);
+                        self.mtp_rows_h.extend_from_slice(&self.last_h);
                         rope0 = n;
                     } else {
                         rope0 = n + 1;
                     }
                 }
             }
-            self.rows_t.extend_from_slice(&drafts[..a]);
-            self.rows_h.extend_from_slice(&self.vh[..a * d]);
+            self.mtp_rows_t.extend_from_slice(&drafts[..a]);
+            self.mtp_rows_h.extend_from_slice(&self.verify_h[..a * d]);
             let x_row = mtp_after_x.is_some() || h_valid;
             self.undo.mtp_base = state.mtp_len() - usize::from(mtp_after_x.is_some());
             self.undo.x_row = x_row;
@@ -481,7 +461,8 @@ impl<B: Backend> SpecDecoder<B> {
                 self.undo.h_prev.extend_from_slice(&self.last_h);
             }
             self.add_mtp_rows(model, state, ws, rope0)?;
-            self.last_h.copy_from_slice(&self.vh[a * d..(a + 1) * d]);
+            self.last_h
+                .copy_from_slice(&self.verify_h[a * d..(a + 1) * d]);
             self.h_for = Some(n + a + 1);
         }
         self.undo.valid = a > 0;
@@ -524,27 +505,28 @@ impl<B: Backend> SpecDecoder<B> {
         if self.use_mtp {
             // Rebuild the MTP rows of the kept tokens (the step wrote rows for all of them).
             state.truncate_mtp(u.mtp_base);
-            self.rows_t.clear();
-            self.rows_h.clear();
+            self.mtp_rows_t.clear();
+            self.mtp_rows_h.clear();
             if u.x_row {
-                self.rows_t.push(u.tokens[0]);
-                self.rows_h.extend_from_slice(&u.h_prev);
+                self.mtp_rows_t.push(u.tokens[0]);
+                self.mtp_rows_h.extend_from_slice(&u.h_prev);
             }
-            self.rows_t.extend_from_slice(&u.tokens[1..keep]);
-            self.rows_h.extend_from_slice(&self.vh[..(keep - 1) * d]);
+            self.mtp_rows_t.extend_from_slice(&u.tokens[1..keep]);
+            self.mtp_rows_h
+                .extend_from_slice(&self.verify_h[..(keep - 1) * d]);
             let rope0 = if u.x_row { u.pos } else { u.pos + 1 };
-            if !self.rows_t.is_empty() {
+            if !self.mtp_rows_t.is_empty() {
                 model.mtp_forward(
                     state,
                     ws,
-                    &self.rows_t,
-                    &self.rows_h,
+                    &self.mtp_rows_t,
+                    &self.mtp_rows_h,
                     rope0,
                     Outputs::default(),
                 )?;
             }
             self.last_h
-                .copy_from_slice(&self.vh[(keep - 1) * d..keep * d]);
+                .copy_from_slice(&self.verify_h[(keep - 1) * d..keep * d]);
             self.h_for = Some(u.pos + keep);
         }
         self.undo.valid = false;
@@ -586,247 +568,4 @@ impl<B: Backend> SpecControl for SpecDecoder<B> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sampling::{SamplingParams, TokenMask};
-    use crate::speculative::Drafter;
-    use qwen_model::CpuBackend;
-
-    fn argmax(row: &[f32]) -> u32 {
-        let mut best = 0;
-        for (i, &x) in row.iter().enumerate() {
-            if x > row[best] {
-                best = i;
-            }
-        }
-        best as u32
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// Drafts `right` tokens of the known greedy continuation, then wrong ones.
-    struct Scripted {
-        truth: Vec<u32>,
-        right: usize,
-        vocab: u32,
-    }
-
-    impl Drafter for Scripted {
-        fn draft(&mut self, seq: &[u32], n: usize) -> Vec<u32> {
-            let end = (seq.len() + n).min(self.truth.len());
-            self.truth[seq.len()..end]
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| {
-                    if i < self.right {
-                        t
-                    } else {
-                        (t + 1) % self.vocab
-                    }
-                })
-                .collect()
-        }
-    }
-
-    struct Run {
-        model: Model<CpuBackend>,
-        prompt: Vec<u32>,
-        /// Plain greedy continuation (one-row passes) after the prompt.
-        truth: Vec<u32>,
-    }
-
-    fn demo_run(n_new: usize) -> Run {
-        let model = Model::load(crate::DEMO_MODEL_PATH, CpuBackend::new(2)).expect("demo model");
-        let v = model.config.vocab as u32;
-        let prompt: Vec<u32> = (0..12u32).map(|i| (i * 7919 + 5) % v).collect();
-        let mut ws = model.new_workspace(16).unwrap();
-        let mut st = model.new_state(256).unwrap();
-        let mut l = vec![0.0; model.config.vocab];
-        model
-            .forward(&mut st, &mut ws, &prompt, Outputs::last_logits(&mut l))
-            .unwrap();
-        let mut truth = vec![argmax(&l)];
-        while truth.len() < n_new {
-            let t = truth[truth.len() - 1];
-            model
-                .forward(&mut st, &mut ws, &[t], Outputs::last_logits(&mut l))
-                .unwrap();
-            truth.push(argmax(&l));
-        }
-        Run {
-            model,
-            prompt,
-            truth,
-        }
-    }
-
-    /// Greedy speculative generation with a [`Scripted`] drafter; calls `check` after every
-    /// step with the trunk passes and rows the step cost, the drafts it made and its result.
-    fn generate(
-        run: &Run,
-        right: usize,
-        n_draft: usize,
-        n_new: usize,
-        mut check: impl FnMut(&Model<CpuBackend>, &State<CpuBackend>, (u64, u64), usize, &[u32]),
-    ) -> (Vec<u32>, SpecStats) {
-        let m = &run.model;
-        let mut ws = m.new_workspace(16).unwrap();
-        let mut st = m.new_state(256).unwrap();
-        let mut sd = SpecDecoder::new(m, n_draft);
-        let mut truth = run.prompt.clone();
-        truth.extend_from_slice(&run.truth);
-        sd.set_drafter(Some(Box::new(Scripted {
-            truth,
-            right,
-            vocab: m.config.vocab as u32,
-        })));
-        let mut sampler = Sampler::new(SamplingParams::greedy(), TokenMask::allow_all());
-        let mut l = vec![0.0; m.config.vocab];
-        sd.forward(
-            m,
-            &mut st,
-            &mut ws,
-            &run.prompt,
-            Outputs::last_logits(&mut l),
-        )
-        .unwrap();
-        let mut history = run.prompt.clone();
-        let mut out = vec![argmax(&l)];
-        while out.len() < n_new {
-            let x_n = out[out.len() - 1];
-            let s0 = sd.stats();
-            let max_draft = n_new - out.len() - 1;
-            let (acc, next) = sd
-                .step(m, &mut st, &mut ws, &mut sampler, &history, x_n, max_draft)
-                .unwrap();
-            let s1 = sd.stats();
-            // The trunk cost from the decoder's counters: its verification passes of
-            // `1 + drafts` rows each, plus a replay (one more pass over the replayed rows).
-            let (passes, replayed) = (
-                s1.target_passes - s0.target_passes,
-                s1.replayed - s0.replayed,
-            );
-            let cost = (
-                passes + u64::from(replayed > 0),
-                passes + (s1.drafted - s0.drafted) + replayed,
-            );
-            let drafted = (s1.drafted - s0.drafted) as usize;
-            history.push(x_n);
-            history.extend_from_slice(&acc);
-            assert_eq!(
-                st.pos(),
-                history.len(),
-                "state holds history, x_n, accepted"
-            );
-            check(m, &st, cost, drafted, &acc);
-            out.extend_from_slice(&acc);
-            out.push(next);
-        }
-        out.truncate(n_new);
-        (out, sd.stats())
-    }
-
-    /// Every draft rejected: each step is one trunk pass of `1 + drafts` rows, the rollback
-    /// re-runs nothing, and the output is still plain greedy's.
-    #[test]
-    fn rejected_drafts_cost_no_replay_pass() {
-        let n_new = 24;
-        let run = demo_run(n_new);
-        let mut steps_with_drafts = 0;
-        let (out, stats) = generate(&run, 0, 3, n_new, |_, _, cost, drafted, acc| {
-            assert!(acc.is_empty(), "wrong drafts are rejected");
-            assert_eq!(cost, (1, 1 + drafted as u64), "one pass, no replay");
-            steps_with_drafts += usize::from(drafted > 0);
-        });
-        assert_eq!(out, run.truth, "greedy output");
-        assert!(steps_with_drafts >= 3, "drafts were made and rejected");
-        assert_eq!(stats.rollbacks, steps_with_drafts as u64);
-        assert_eq!(stats.replayed, 0);
-        assert_eq!(stats.accepted, 0);
-    }
-
-    /// One draft of two accepted per step: after the rollback the state is, bitwise, that of
-    /// a fresh state fed the same calls the old rollback made (the prompt as the decoder
-    /// feeds it, then each step's kept `[x_n, d_1]` in one call), and a step costs one pass.
-    #[test]
-    fn rollback_state_equals_a_fresh_state_fed_the_kept_tokens() {
-        let n_new = 21;
-        let run = demo_run(n_new);
-        let m = &run.model;
-        let (cfg, be) = (&m.config, &m.backend);
-        let r = run.prompt.len();
-        let mut ws = m.new_workspace(16).unwrap();
-        let mut fresh = m.new_state(256).unwrap();
-        m.forward(
-            &mut fresh,
-            &mut ws,
-            &run.prompt[..r - 1],
-            Outputs::default(),
-        )
-        .unwrap();
-        m.forward(
-            &mut fresh,
-            &mut ws,
-            &run.prompt[r - 1..],
-            Outputs::default(),
-        )
-        .unwrap();
-        let mut fed = 0;
-        let mut compared = 0;
-        let (out, stats) = generate(&run, 1, 2, n_new, |m, st, cost, drafted, acc| {
-            assert_eq!(cost, (1, 1 + drafted as u64), "one pass, no replay");
-            let kept = &run.truth[fed..fed + 1 + acc.len()];
-            assert_eq!(&kept[1..], acc);
-            m.forward(&mut fresh, &mut ws, kept, Outputs::default())
-                .unwrap();
-            fed += kept.len();
-            assert_eq!(fresh.pos(), st.pos());
-            if kept.len() >= 2 {
-                // Both sides ran these rows through multi-row matmuls: same bits.
-                assert_eq!(
-                    bits(&st.recurrent_state(cfg, be).unwrap()),
-                    bits(&fresh.recurrent_state(cfg, be).unwrap()),
-                    "GDN state after {} tokens",
-                    st.pos()
-                );
-                compared += 1;
-            }
-        });
-        assert_eq!(out, run.truth, "greedy output");
-        assert!(compared >= 5, "{compared} rollbacks compared");
-        assert!(stats.rollbacks >= 5 && stats.accepted >= 5, "{stats:?}");
-        assert_eq!(stats.replayed, 0);
-    }
-
-    #[test]
-    fn backoff_pauses_doubles_and_recovers() {
-        let mut b = Backoff::default();
-        // Always rejected: 1.0 -> 0.75 -> 0.56 -> 0.42 < 0.5 on the third step.
-        for _ in 0..2 {
-            assert!(b.may_draft());
-            b.record(2, 0);
-            assert_eq!(b.pause, 0);
-        }
-        assert!(b.may_draft());
-        b.record(2, 0);
-        assert_eq!(b.pause, MIN_PAUSE);
-        for _ in 0..MIN_PAUSE {
-            assert!(!b.may_draft());
-        }
-        // A failed probe pauses twice as long.
-        assert!(b.may_draft());
-        b.record(2, 0);
-        assert_eq!(b.pause, 2 * MIN_PAUSE);
-        while !b.may_draft() {}
-        // A good probe ends the doubling; steady acceptance keeps drafting on.
-        b.record(2, 2);
-        assert_eq!(b.next_pause, MIN_PAUSE);
-        for _ in 0..50 {
-            assert!(b.may_draft());
-            b.record(2, 1);
-        }
-        assert_eq!(b.pause, 0);
-    }
-}
+mod tests;

@@ -7,9 +7,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running server, killed when dropped.
+/// A running server: a `pn serve` child process (killed when dropped), or a server running
+/// in this process (`child: None`, see [`Server::in_process`]).
 pub struct Server {
-    pub child: Child,
+    pub child: Option<Child>,
     pub addr: SocketAddr,
 }
 
@@ -37,7 +38,43 @@ impl Server {
             .unwrap_or_else(|| panic!("no address in {line:?}"));
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, addr }
+        Server {
+            child: Some(child),
+            addr,
+        }
+    }
+
+    /// Starts `pn_runtime::server::serve_on` on a thread of this process (as `pn serve -t 2`
+    /// with the demo model and `config`), with `hook` called before each request generates.
+    /// The server lives until the test process ends.
+    pub fn in_process(
+        config: pn_runtime::server::ServerConfig,
+        hook: pn_runtime::server::SlotHook,
+    ) -> Server {
+        use pn_runtime::{Engine, EngineOptions};
+        let options = EngineOptions {
+            threads: 2,
+            ..EngineOptions::default()
+        };
+        let engine: &'static Engine = Box::leak(Box::new(
+            Engine::load(pn_runtime::DEMO_MODEL_PATH, options).expect("demo model"),
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        std::thread::spawn(move || {
+            pn_runtime::server::serve_on(listener, engine, config, Some(hook)).expect("serve")
+        });
+        let s = Server { child: None, addr };
+        // The socket is bound already; wait until the server answers on it.
+        s.wait_for("the server", Duration::from_secs(60), |s| {
+            s.get("/health").status == 200
+        });
+        s
+    }
+
+    /// The child process (`pn serve`).
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("a pn serve child process")
     }
 
     /// Sends a request and reads the whole response.
@@ -95,7 +132,10 @@ impl Server {
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([
+                "-TERM",
+                &self.child.as_ref().expect("a child").id().to_string(),
+            ])
             .status()
             .expect("run kill")
             .success();
@@ -105,8 +145,10 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

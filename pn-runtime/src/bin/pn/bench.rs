@@ -62,19 +62,13 @@ pub struct Args {
     pub output: String,
 }
 
-/// One result row (the JSON object documented in the module docs).
+/// One result row (the JSON object documented in the module docs). The model and speculation
+/// columns are their own structs, flattened into the same JSON object.
 #[derive(Debug, Serialize)]
 pub struct BenchResult {
-    /// Model file name.
-    pub model: String,
-    /// Model file size in bytes.
-    pub model_size: u64,
-    /// Number of weights.
-    pub model_n_params: u64,
-    /// Backend name.
-    pub backend: String,
-    /// CPU threads (0 on a CUDA device).
-    pub n_threads: usize,
+    /// What ran the test.
+    #[serde(flatten)]
+    pub setup: Setup,
     /// Test name, `pp512`, `tg128`, with `@ dN` when at depth.
     pub test: String,
     /// Prompt tokens (pp tests).
@@ -93,18 +87,37 @@ pub struct BenchResult {
     pub samples_ts: Vec<f64>,
     /// Nanoseconds of each repetition.
     pub samples_ns: Vec<u64>,
-    /// tg tests with speculative decoding: "mtp".
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spec: Option<String>,
+    /// tg tests with speculative decoding.
+    #[serde(flatten)]
+    pub spec: Option<SpecColumns>,
+}
+
+/// The model and backend columns, the same for every test of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    /// Model file name.
+    pub model: String,
+    /// Model file size in bytes.
+    pub model_size: u64,
+    /// Number of weights.
+    pub model_n_params: u64,
+    /// Backend name.
+    pub backend: String,
+    /// CPU threads (0 on a CUDA device).
+    pub n_threads: usize,
+}
+
+/// The speculative decoding columns of a tg test.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpecColumns {
+    /// "mtp".
+    pub spec: String,
     /// Most drafts per step.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n_draft: Option<usize>,
+    pub n_draft: usize,
     /// Accepted / drafted tokens over all repetitions.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spec_acceptance: Option<f64>,
+    pub spec_acceptance: f64,
     /// Tokens per target (verification) pass over all repetitions.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spec_tokens_per_pass: Option<f64>,
+    pub spec_tokens_per_pass: f64,
 }
 
 /// Deterministic, ordinary (non-special) token ids to feed.
@@ -197,12 +210,7 @@ fn run_spec_tg(
         if rep > 0 {
             samples.push(ns.max(1));
             if let Some(s) = g.spec_stats() {
-                total.target_passes += s.target_passes;
-                total.drafted += s.drafted;
-                total.accepted += s.accepted;
-                total.generated += s.generated;
-                total.rollbacks += s.rollbacks;
-                total.replayed += s.replayed;
+                total += s;
             }
         }
     }
@@ -246,6 +254,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             tests.push((d, 0, n));
         }
     }
+    let setup = Setup {
+        model: model_name,
+        model_size: engine.file_size(),
+        model_n_params: engine.n_params(),
+        backend: backend.into(),
+        n_threads: threads,
+    };
     let mut results = Vec::new();
     for (d, p, n) in tests {
         let (samples_ns, spec) = run_test(&engine, d, p, n, reps)?;
@@ -266,11 +281,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             name
         };
         let r = BenchResult {
-            model: model_name.clone(),
-            model_size: engine.file_size(),
-            model_n_params: engine.n_params(),
-            backend: backend.into(),
-            n_threads: threads,
+            setup: setup.clone(),
             test,
             n_prompt: p,
             n_gen: n,
@@ -280,31 +291,34 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             stddev_ts,
             samples_ts,
             samples_ns,
-            spec: spec.map(|_| "mtp".to_string()),
-            n_draft: spec.map(|_| model_args.draft),
-            spec_acceptance: spec.map(|s| s.acceptance_rate()),
-            spec_tokens_per_pass: spec.map(|s| s.tokens_per_pass()),
+            spec: spec.map(|s| SpecColumns {
+                spec: "mtp".to_string(),
+                n_draft: model_args.draft,
+                spec_acceptance: s.acceptance_rate(),
+                spec_tokens_per_pass: s.tokens_per_pass(),
+            }),
         };
         if args.output == "md" {
             if results.is_empty() {
                 println!("| model | size | params | backend | threads | test | t/s |");
                 println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
             }
-            let spec_note = match (r.spec_acceptance, r.spec_tokens_per_pass) {
-                (Some(a), Some(t)) => format!(
-                    " (mtp N={}: acceptance {:.1}%, {t:.2} tokens/pass)",
-                    model_args.draft,
-                    100.0 * a
+            let spec_note = match &r.spec {
+                Some(s) => format!(
+                    " (mtp N={}: acceptance {:.1}%, {:.2} tokens/pass)",
+                    s.n_draft,
+                    100.0 * s.spec_acceptance,
+                    s.spec_tokens_per_pass
                 ),
-                _ => String::new(),
+                None => String::new(),
             };
             println!(
                 "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2}{spec_note} |",
-                r.model,
-                r.model_size as f64 / (1u64 << 20) as f64,
-                r.model_n_params as f64 / 1e6,
-                r.backend,
-                r.n_threads,
+                r.setup.model,
+                r.setup.model_size as f64 / (1u64 << 20) as f64,
+                r.setup.model_n_params as f64 / 1e6,
+                r.setup.backend,
+                r.setup.n_threads,
                 r.test,
                 r.avg_ts,
                 r.stddev_ts
@@ -319,11 +333,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             for r in &results {
                 println!(
                     "\"{}\",{},{},{},{},\"{}\",{},{},{},{},{:.4},{:.4}",
-                    r.model.replace('"', "\"\""),
-                    r.model_size,
-                    r.model_n_params,
-                    r.backend,
-                    r.n_threads,
+                    r.setup.model.replace('"', "\"\""),
+                    r.setup.model_size,
+                    r.setup.model_n_params,
+                    r.setup.backend,
+                    r.setup.n_threads,
                     r.test,
                     r.n_prompt,
                     r.n_gen,

@@ -5,6 +5,7 @@
 //! an empty state and every position but the last of a window predicts the next token.
 
 use crate::engine_args::{self, ModelArgs};
+use pn_runtime::sampling::argmax;
 use std::path::{Path, PathBuf};
 
 /// Measure perplexity (and KL against a base model's logits).
@@ -83,16 +84,6 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&x| x as f64 - lse).collect()
 }
 
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0
-}
-
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tokens = match (&args.tokens, &args.file) {
@@ -140,7 +131,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let lp = log_softmax(row);
                 nll -= lp[next as usize];
                 scored += 1;
-                correct += usize::from(argmax(row) == next as usize);
+                correct += usize::from(argmax(row) == Some(next));
             }
             if let Some(base) = &base {
                 let g = w * window + i;

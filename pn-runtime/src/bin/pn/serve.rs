@@ -36,9 +36,6 @@ pub struct Args {
     /// Jinja chat template file to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<std::path::PathBuf>,
-    /// Testing only: a prompt containing this text makes its slot panic.
-    #[arg(long = "debug-panic-trigger", hide = true)]
-    pub debug_panic_trigger: Option<String>,
 }
 
 /// Runs the subcommand.
@@ -67,7 +64,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model_id: args.alias,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,
-        panic_trigger: args.debug_panic_trigger,
         chat_template,
     };
     serve(engine, config)?;

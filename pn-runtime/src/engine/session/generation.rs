@@ -1,0 +1,204 @@
+//! [`Generation`]: a streaming generation, the iterator [`Session::generate`] and its siblings
+//! return.
+
+use super::core::{PromptRun, SpecRun};
+use super::request::{CancelToken, FinishReason, StopConditions, Timings, TokenEvent};
+use super::Session;
+use crate::engine::error::Result;
+use crate::sampling::{Sampler, SamplingParams, StopStrings, StopTokens};
+use crate::speculative::SpecStats;
+use crate::tokenizer::StreamDecoder;
+use std::time::Instant;
+
+/// A streaming generation: an iterator of [`TokenEvent`]s, ending after the event that carries
+/// the [`FinishReason`].
+pub struct Generation<'s, 'e> {
+    session: &'s mut Session<'e>,
+    sampler: Sampler,
+    stop_tokens: StopTokens,
+    stop_strings: StopStrings,
+    decoder: StreamDecoder,
+    max_tokens: Option<usize>,
+    cancel: CancelToken,
+    timings: Timings,
+    finish: Option<FinishReason>,
+    /// The current speculative run (empty until a speculative step).
+    run: SpecRun,
+}
+
+impl std::fmt::Debug for Generation<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("timings", &self.timings)
+            .field("finish", &self.finish)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'s, 'e> Generation<'s, 'e> {
+    pub(super) fn new(
+        session: &'s mut Session<'e>,
+        params: SamplingParams,
+        stop: StopConditions,
+        prompt: PromptRun,
+    ) -> Self {
+        let engine = session.engine();
+        let stop_tokens = if stop.ignore_eog {
+            StopTokens::new(stop.tokens.iter().copied())
+        } else {
+            engine
+                .stop_tokens()
+                .clone()
+                .with(stop.tokens.iter().copied())
+        };
+        Generation {
+            sampler: Sampler::new(params, engine.token_mask().clone()),
+            stop_tokens,
+            stop_strings: StopStrings::new(stop.strings),
+            decoder: StreamDecoder::new(),
+            max_tokens: stop.max_tokens,
+            cancel: stop.cancel.unwrap_or_default(),
+            timings: Timings {
+                prompt_tokens: prompt.processed,
+                prompt_reused: prompt.reused,
+                prompt_time: prompt.time,
+                ..Timings::default()
+            },
+            finish: None,
+            run: SpecRun::default(),
+            session: {
+                session.core.reset_spec_stats();
+                session
+            },
+        }
+    }
+
+    /// Speculative decoding counters of this generation (`None` when speculation is off).
+    pub fn spec_stats(&self) -> Option<SpecStats> {
+        self.session.core.spec_stats()
+    }
+
+    /// The next token (see `CoreOps::next_id`); speculative drafts stop short of
+    /// `max_tokens`.
+    fn next_id(&mut self) -> Result<Option<u32>> {
+        let budget = self.max_tokens.map_or(usize::MAX, |m| {
+            m.saturating_sub(self.timings.generated_tokens + 1)
+        });
+        self.session
+            .core
+            .next_id(&mut self.sampler, &mut self.run, budget)
+    }
+
+    /// A handle that cancels this generation (checked before every token).
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
+    }
+
+    /// Token counts and times so far.
+    pub fn timings(&self) -> Timings {
+        self.timings
+    }
+
+    /// Why the generation ended, once it has.
+    pub fn finish_reason(&self) -> Option<&FinishReason> {
+        self.finish.as_ref()
+    }
+
+    /// Runs the generation to its end and returns the text.
+    pub fn text(self) -> Result<String> {
+        let mut s = String::new();
+        for e in self {
+            s.push_str(&e?.text);
+        }
+        Ok(s)
+    }
+
+    /// Text still held back (an incomplete character, a possible stop-string start), released
+    /// at the end.
+    fn flush(&mut self) -> (String, Option<String>) {
+        let rest = self.decoder.finish();
+        let mut chunk = self.stop_strings.push(&rest);
+        if chunk.stop.is_none() {
+            let last = self.stop_strings.finish();
+            chunk.text.push_str(&last.text);
+            chunk.stop = last.stop;
+        }
+        (chunk.text, chunk.stop)
+    }
+
+    fn end(&mut self, token: Option<u32>, mut text: String, reason: FinishReason) -> TokenEvent {
+        let (rest, stop) = self.flush();
+        text.push_str(&rest);
+        let reason = match stop {
+            Some(s) => FinishReason::StopString(s),
+            None => reason,
+        };
+        self.finish = Some(reason.clone());
+        TokenEvent {
+            token,
+            text,
+            finish: Some(reason),
+        }
+    }
+
+    fn step(&mut self) -> Result<TokenEvent> {
+        if self.cancel.is_cancelled() {
+            return Ok(self.end(None, String::new(), FinishReason::Cancelled));
+        }
+        if self
+            .max_tokens
+            .is_some_and(|m| self.timings.generated_tokens >= m)
+        {
+            return Ok(self.end(None, String::new(), FinishReason::MaxTokens));
+        }
+        let t0 = Instant::now();
+        let Some(id) = self.next_id()? else {
+            return Ok(self.end(None, String::new(), FinishReason::ContextFull));
+        };
+        self.timings.generated_tokens += 1;
+        let event = if self.stop_tokens.contains(id) {
+            self.end(Some(id), String::new(), FinishReason::EndOfGeneration)
+        } else {
+            let piece = self
+                .session
+                .engine()
+                .tokenizer()
+                .decode_next(&mut self.decoder, id)?;
+            let chunk = self.stop_strings.push(&piece);
+            if let Some(stop) = chunk.stop {
+                self.finish = Some(FinishReason::StopString(stop.clone()));
+                TokenEvent {
+                    token: Some(id),
+                    text: chunk.text,
+                    finish: Some(FinishReason::StopString(stop)),
+                }
+            } else if self.max_tokens == Some(self.timings.generated_tokens) {
+                self.end(Some(id), chunk.text, FinishReason::MaxTokens)
+            } else {
+                TokenEvent {
+                    token: Some(id),
+                    text: chunk.text,
+                    finish: None,
+                }
+            }
+        };
+        self.timings.generation_time += t0.elapsed();
+        Ok(event)
+    }
+}
+
+impl Iterator for Generation<'_, '_> {
+    type Item = Result<TokenEvent>;
+
+    fn next(&mut self) -> Option<Result<TokenEvent>> {
+        if self.finish.is_some() {
+            return None;
+        }
+        let r = self.step();
+        if r.is_err() {
+            // An error ends the stream.
+            self.finish = Some(FinishReason::Cancelled);
+        }
+        Some(r)
+    }
+}
