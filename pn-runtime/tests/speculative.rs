@@ -1,15 +1,9 @@
 //! Greedy MTP speculative decoding gives exactly plain greedy decoding's tokens.
 
 use pn_runtime::speculative::{greedy_generate, plain_greedy, Drafter};
+use pn_tests::data;
 use qwen_model::{CpuBackend, Model};
 use std::path::PathBuf;
-
-fn data(dir: &str, file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(dir)
-        .join(file)
-}
 
 fn tokens(dir: &str, file: &str) -> Vec<u32> {
     let v: serde_json::Value =

@@ -102,7 +102,7 @@ fn rotated_demo_model_uses_the_fused_ops() {
     let be = Wrapped::new(CpuBackend::new(2));
     let m = Model::load(data(DEMO, "model-pn3.gguf"), be).expect("demo PN3 model");
     let (d, v) = (m.config.hidden, m.config.vocab);
-    let tokens = read_tokens(data(DEMO, "tokens_val.json"));
+    let tokens = read_tokens(&data(DEMO, "tokens_val.json"));
     let (prompt, next) = (&tokens[..9], &tokens[9..10]);
     let mut ws = m.new_workspace(16).unwrap();
     m.backend.take();

@@ -152,7 +152,7 @@ fn quantized_cache_writes_at_an_offset_leave_other_rows_alone() {
 
 /// Logits of tokens_b (150-token prefill, then one token at a time) with the given cache types.
 fn logits_b(m: &Model<CpuBackend>, kt: KvCacheType, vt: KvCacheType) -> Vec<f32> {
-    let tokens = read_tokens(tiny("tokens_b.json"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
     let mut state = m.new_state_with_kv_types(tokens.len(), kt, vt).unwrap();
     prefill_then_decode(m, &mut state, &tokens, 150)
 }

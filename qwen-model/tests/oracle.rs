@@ -315,7 +315,7 @@ fn demo_model_matches_transformers() {
 fn f16_kv_cache_stays_close() {
     let m = model();
     let tokens = read_tokens(&tiny("tokens_b.json"));
-    let want = read_f32(tiny("logits_b.f32"));
+    let want = read_f32(&tiny("logits_b.f32"));
     let mut state = m
         .new_state_with_kv(tokens.len(), qwen_model::KvType::F16)
         .unwrap();
