@@ -1,5 +1,7 @@
 //! GGUF v2/v3 reading (memory-mapped, zero-copy, bounds-checked) and writing, the ggml type
-//! table, and CPU decoding and dot products of the stock ggml types a model uses.
+//! table, CPU decoding and dot products of the stock ggml types a model uses, and the q8_0/q4_0
+//! blocks a quantized KV cache stores ([`kv_blocks`]: every block format has its one home here
+//! or in `pn-format`).
 //!
 //! ```no_run
 //! let f = gguf_io::GgufFile::open("model.gguf")?;

@@ -2,14 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
-fn pn(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_pn"))
-        .args(args)
-        .output()
-        .expect("pn runs")
-}
+use common::pn;
 
 #[test]
 fn tokenize_prints_the_reference_ids_as_json() {

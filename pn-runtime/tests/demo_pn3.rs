@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 fn tokens_path() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/demo-code-model/tokens_val.json")
+    pn_tests::data(pn_tests::DEMO, "tokens_val.json")
 }
 
 #[test]

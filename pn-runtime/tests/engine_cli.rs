@@ -1,25 +1,12 @@
 //! The `pn run`, `pn bench` and `pn perplexity` commands, running the built binary.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn pn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pn"))
-        .args(args)
-        .output()
-        .expect("run pn")
-}
+use common::pn;
+use pn_tests::{data, DEMO};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn data(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-        .display()
-        .to_string()
 }
 
 /// The README's first command, with a small token count: the demo model by default.
@@ -115,8 +102,8 @@ fn bench_markdown_table() {
 #[test]
 fn perplexity_of_the_demo_model_matches_transformers() {
     let model = pn_runtime::DEMO_MODEL_F16_PATH;
-    let tokens = data("demo-code-model/tokens_val.json");
-    let logits = data("demo-code-model/logits_val.f32");
+    let tokens = data(DEMO, "tokens_val.json").display().to_string();
+    let logits = data(DEMO, "logits_val.f32").display().to_string();
     let out = pn(&[
         "perplexity",
         "-m",
@@ -159,7 +146,7 @@ fn errors_name_the_problem() {
         text(&out.stderr)
     );
 
-    let readme = data("demo-code-model/README.md");
+    let readme = data(DEMO, "README.md").display().to_string();
     let out = pn(&["run", "-m", &readme, "-p", "x", "-n", "1"]);
     assert!(!out.status.success());
     assert!(

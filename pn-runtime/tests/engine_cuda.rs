@@ -5,12 +5,12 @@
 //! Needs a GPU: `cargo test -p pn-runtime --test engine_cuda -- --ignored` (also run by
 //! `scripts/gpu-check.sh`). Without kernels, driver or device each test prints why and returns.
 
-use pn_runtime::engine::{
-    Device, Engine, EngineOptions, KvCacheType, Session, Speculation, StopConditions,
-};
+use pn_runtime::engine::{Device, Engine, EngineOptions, KvCacheType, Speculation, StopConditions};
 use pn_runtime::sampling::SamplingParams;
+use pn_tests::engine::greedy_tokens as generate;
+use pn_tests::{data, max_abs as max_abs_diff, DEMO};
 use qwen_model::cuda::CudaBackend;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Generated tokens compared per transcript.
 const N_GEN: usize = 32;
@@ -23,14 +23,9 @@ const REL_TOL: f32 = 1e-3;
 /// transcripts are compared in full.
 const SOURCE: &str = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n";
 
+/// The demo PN3 model, found through `PN_REPO_ROOT` when run from a copied checkout.
 fn model_path() -> PathBuf {
-    // PN_REPO_ROOT: a test binary built on one machine and run from a copy of the checkout on
-    // another (scripts/gpu-check.sh).
-    match std::env::var_os("PN_REPO_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
-    }
-    .join("tests/data/demo-code-model/model-pn3.gguf")
+    data(DEMO, "model-pn3.gguf")
 }
 
 /// Whether a CUDA backend opens here; prints why not.
@@ -72,19 +67,6 @@ fn range(row: &[f32]) -> f32 {
             (lo.min(x), hi.max(x))
         });
     hi - lo
-}
-
-/// Largest `|a - b|` (NaN counts as infinite).
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).fold(0.0, |m, (x, y)| {
-        let d = (x - y).abs();
-        if d.is_nan() {
-            f32::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
 }
 
 /// Asserts every `vocab`-long row of `got` is within `rel` of the range of the same row of
@@ -134,20 +116,6 @@ fn greedy_with_gaps(engine: &Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec
         logits = s.feed(&[id]).expect("decode").to_vec();
     }
     (ids, gaps)
-}
-
-/// Greedy decoding through `Session::generate` (speculative when the engine is), end tokens
-/// ignored so every transcript has `n` tokens.
-fn generate(s: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let stop = StopConditions {
-        max_tokens: Some(n),
-        ignore_eog: true,
-        ..StopConditions::default()
-    };
-    s.generate(prompt, SamplingParams::greedy(), stop)
-        .expect("generate")
-        .map(|e| e.expect("token").token.expect("a token"))
-        .collect()
 }
 
 /// Positions before the first near tie (top-2 gap below [`REL_TOL`] of the range).

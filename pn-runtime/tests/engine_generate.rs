@@ -7,29 +7,10 @@ use pn_runtime::engine::{
     StopConditions,
 };
 use pn_runtime::sampling::SamplingParams;
-use std::path::PathBuf;
+// The cached engines: `demo()` is the F16 demo model, `options()` their options.
+use pn_tests::engine::{demo_f16_engine as demo, engine_options as options, tiny_engine as tiny};
+use pn_tests::{data, ids, read_f32, read_json, read_tokens, DEMO, TINY};
 use std::sync::OnceLock;
-
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn options() -> EngineOptions {
-    EngineOptions {
-        threads: 2,
-        context: 512,
-        ..EngineOptions::default()
-    }
-}
-
-fn demo() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| {
-        Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).expect("demo model (F16)")
-    })
-}
 
 /// The demo model without speculative decoding (the pinned seeded transcript is plain
 /// sampling's; speculative sampling draws differently for the same seed).
@@ -42,31 +23,6 @@ fn demo_plain() -> &'static Engine {
         };
         Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, o).expect("demo model (F16)")
     })
-}
-
-fn tiny() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::load(data("tiny-qwen35/model-f16.gguf"), options()).expect("tiny"))
-}
-
-fn json(rel: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(data(rel)).unwrap()).unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn f32s(rel: &str) -> Vec<f32> {
-    std::fs::read(data(rel))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
 }
 
 /// Runs a generation, returning (tokens, text, finish reason).
@@ -95,8 +51,8 @@ fn greedy_first_tokens_follow_the_oracle_argmax() {
     let engine = tiny();
     let vocab = engine.config().vocab;
     for (seq, logits, max_prefixes) in [("a", "logits_a.f32", 16), ("b", "logits_b.f32", 48)] {
-        let tokens = ids(&json(&format!("tiny-qwen35/tokens_{seq}.json"))["tokens"]);
-        let oracle = f32s(&format!("tiny-qwen35/{logits}"));
+        let tokens = read_tokens(&data(TINY, &format!("tokens_{seq}.json")));
+        let oracle = read_f32(&data(TINY, logits));
         let (mut checked, mut ties) = (0, 0);
         for k in 1..=max_prefixes.min(tokens.len()) {
             let row = &oracle[(k - 1) * vocab..k * vocab];
@@ -135,7 +91,7 @@ fn greedy_first_tokens_follow_the_oracle_argmax() {
 #[test]
 fn greedy_chain_matches_transformers_generate() {
     let engine = demo();
-    for sample in json("demo-code-model/greedy_samples.json")
+    for sample in read_json(&data(DEMO, "greedy_samples.json"))
         .as_array()
         .unwrap()
     {
@@ -505,7 +461,7 @@ fn a_prompt_longer_than_the_context_is_an_error() {
 #[test]
 fn quantized_kv_caches_stay_close_to_f32() {
     use pn_runtime::engine::KvCacheType;
-    let tokens: Vec<u32> = ids(&json("demo-code-model/tokens_val.json")["tokens"])
+    let tokens: Vec<u32> = read_tokens(&data(DEMO, "tokens_val.json"))
         .into_iter()
         .take(64)
         .collect();

@@ -1,23 +1,13 @@
 //! `pn inspect`: the JSON agrees with gguf-io's reading, `--validate` catches bad PN rows, and a
 //! malformed file is a non-zero exit with the error, never a panic.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::PathBuf;
+
+use common::pn;
 use gguf_io::{write_gguf, GgmlType, GgufFile, MetadataEntry, Value};
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn pn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pn"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use pn_tests::data;
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pn-inspect-test-{}", std::process::id()));
@@ -27,7 +17,7 @@ fn tmp(name: &str) -> PathBuf {
 
 #[test]
 fn json_matches_the_reader() {
-    let path = data("tiny-qwen35/model-f16.gguf");
+    let path = data("tiny-qwen35", "model-f16.gguf");
     let out = pn(&["inspect", path.to_str().unwrap(), "--json"]);
     assert!(
         out.status.success(),
@@ -71,7 +61,7 @@ fn json_matches_the_reader() {
 
 #[test]
 fn json_truncation_is_explicit() {
-    let path = data("tiny-qwen35/model-f16.gguf");
+    let path = data("tiny-qwen35", "model-f16.gguf");
     let out = pn(&[
         "inspect",
         path.to_str().unwrap(),
@@ -94,7 +84,7 @@ fn json_truncation_is_explicit() {
 
 #[test]
 fn human_output_lists_tensors() {
-    let path = data("tiny-qwen35/model-f16.gguf");
+    let path = data("tiny-qwen35", "model-f16.gguf");
     let out = pn(&["inspect", path.to_str().unwrap()]);
     assert!(out.status.success());
     let s = String::from_utf8(out.stdout).unwrap();
@@ -105,7 +95,7 @@ fn human_output_lists_tensors() {
 
 #[test]
 fn malformed_files_exit_nonzero_without_panic() {
-    let good = std::fs::read(data("real-gguf/slices.gguf")).unwrap();
+    let good = std::fs::read(data("real-gguf", "slices.gguf")).unwrap();
     for (name, bytes) in [
         ("truncated.gguf", good[..good.len() / 2].to_vec()),
         ("header-cut.gguf", good[..100].to_vec()),

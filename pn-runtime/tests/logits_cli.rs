@@ -1,30 +1,8 @@
 //! `pn logits` end to end (owner: model): the tiny oracle model's logits and MTP logits written
 //! by the command match the transformers reference files.
 
-use std::path::PathBuf;
+use pn_tests::{max_abs, read_f32, tiny};
 use std::process::Command;
-
-fn tiny(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/tiny-qwen35")
-        .join(name)
-}
-
-fn read_f32(path: &PathBuf) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn logits_and_mtp_logits_match_the_oracle() {

@@ -6,21 +6,17 @@
 use pn_runtime::chat_template::ChatMessage;
 use pn_runtime::engine::{checkpoint_bytes, Engine, EngineOptions, Session, StopConditions};
 use pn_runtime::sampling::SamplingParams;
-use std::path::PathBuf;
+use pn_tests::{argmax, data, max_abs};
 
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
+/// The demo model with a prompt cache, and `template` (a file of `tests/data/chat-template`) as
+/// its chat template when given.
 fn demo(interval: usize, checkpoints: usize, template: Option<&str>) -> Engine {
     let opts = EngineOptions {
         threads: 2,
         context: 1024,
         prompt_cache_interval: interval,
         prompt_cache_checkpoints: checkpoints,
-        chat_template: template.map(|t| std::fs::read_to_string(data(t)).unwrap()),
+        chat_template: template.map(|t| std::fs::read_to_string(data("chat-template", t)).unwrap()),
         ..EngineOptions::default()
     };
     Engine::load(pn_runtime::DEMO_MODEL_PATH, opts).expect("demo model")
@@ -50,18 +46,6 @@ fn prefill(s: &mut Session<'_>, tokens: &[u32]) -> (usize, usize) {
 fn logits_of_fresh(e: &Engine, tokens: &[u32]) -> Vec<f32> {
     let mut s = e.session().unwrap();
     s.feed(tokens).unwrap().to_vec()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
 /// Restoring a checkpoint and recomputing the rest gives the logits of a fresh session over
@@ -97,7 +81,7 @@ fn logits_after_a_restore_equal_a_full_recompute() {
     }
     assert_eq!(cached, same.logits().unwrap(), "restore is not lossless");
     let fresh = logits_of_fresh(&e, &b);
-    let d = max_abs_diff(&cached, &fresh);
+    let d = max_abs(&cached, &fresh);
     let scale = fresh.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     eprintln!("restore vs one-chunk recompute: max |diff| = {d:e}, max |logit| = {scale}");
     assert!(d <= 2e-4, "max |diff| {d}");
@@ -296,7 +280,7 @@ fn chatml_turns_process_only_the_new_tokens() {
 /// restored from the checkpoint taken before that turn's `<|im_start|>`.
 #[test]
 fn qwen35_template_turns_restore_from_the_turn_start_checkpoint() {
-    let e = demo(512, 4, Some("chat-template/qwen3.5_chat_template.jinja"));
+    let e = demo(512, 4, Some("qwen3.5_chat_template.jinja"));
     assert!(!e.chat_template_is_fallback());
     chat_turns(&e, 4, 12, true);
 }
@@ -341,7 +325,7 @@ fn five_turns(e: &Engine) -> Vec<[usize; 3]> {
 /// hybrid model costs without any cache). Printed with `--nocapture`.
 #[test]
 fn five_turn_chat_reprocessed_tokens() {
-    for template in [None, Some("chat-template/qwen3.5_chat_template.jinja")] {
+    for template in [None, Some("qwen3.5_chat_template.jinja")] {
         let cached = five_turns(&demo(512, 4, template));
         let live_only = five_turns(&demo(512, 0, template));
         let name = template.map_or("ChatML fallback", |_| "Qwen3.5 template");
@@ -435,7 +419,7 @@ fn pn_chat_reports_processed_and_reused_tokens() {
 /// taken at the end of the previous turn, before that message's `<|im_start|>`.
 #[test]
 fn an_edited_last_message_restarts_at_the_previous_turn_end() {
-    for template in [None, Some("chat-template/qwen3.5_chat_template.jinja")] {
+    for template in [None, Some("qwen3.5_chat_template.jinja")] {
         let e = demo(512, 4, template);
         let im_start = e.tokenizer().token_id("<|im_start|>").unwrap();
         let mut s = e.session().unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn demo_f16() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/demo-code-model/model-f16.gguf")
+    pn_tests::data(pn_tests::DEMO, "model-f16.gguf")
 }
 
 /// Runs `pn quantize` with `--promote 1` and returns the promoted tensor names.

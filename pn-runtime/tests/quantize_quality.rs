@@ -9,14 +9,9 @@
 
 use pn_runtime::quantize::eval::{compare_logits, model_logits, read_tokens, KlStats};
 use pn_runtime::quantize::{no_progress, quantize_model, Mix, QuantizeOptions, RotationChoice};
+use pn_tests::{data, scratch_dir};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-
-fn data(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(p)
-}
 
 struct Row {
     name: &'static str,
@@ -59,15 +54,13 @@ fn eval(
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pnq-quality-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir(&format!("pnq-quality-{name}"))
 }
 
 #[test]
 fn tiny_quality_table() {
-    let base = data("tiny-qwen35/model-f16.gguf");
-    let tokens = read_tokens(&data("tiny-qwen35/tokens_b.json")).unwrap();
+    let base = data("tiny-qwen35", "model-f16.gguf");
+    let tokens = read_tokens(&data("tiny-qwen35", "tokens_b.json")).unwrap();
     let (bl, vocab) = model_logits(&base, &tokens, 0).unwrap();
     let d = scratch("tiny");
     let ev = |name, mix, rot| eval(&d, &base, &tokens, &bl, vocab, name, mix, rot);
@@ -104,8 +97,8 @@ fn tiny_quality_table() {
 
 #[test]
 fn demo_pn3_quality_table() {
-    let base = data("demo-code-model/model-f16.gguf");
-    let tokens = read_tokens(&data("demo-code-model/tokens_val.json")).unwrap();
+    let base = data("demo-code-model", "model-f16.gguf");
+    let tokens = read_tokens(&data("demo-code-model", "tokens_val.json")).unwrap();
     let (bl, vocab) = model_logits(&base, &tokens, 0).unwrap();
     let f16 = compare_logits(&bl, &bl, vocab, Some(&tokens));
     println!(

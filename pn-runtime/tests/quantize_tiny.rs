@@ -6,19 +6,17 @@ use gguf_io::{Array, GgmlType, GgufFile, GgufWriter, MetadataEntry, Value};
 use pn_runtime::quantize::{
     no_progress, quantize_model, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
 };
+use pn_tests::{f32_le_bytes, scratch_dir};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-qwen35/model-f16.gguf")
+    pn_tests::tiny("model-f16.gguf")
 }
 
 /// A fresh empty directory per test.
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pnq-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir(&format!("pnq-{name}"))
 }
 
 fn dir_entries(d: &Path) -> Vec<String> {
@@ -354,10 +352,6 @@ fn mini(path: &Path, arch: &str, name: &str, ty: GgmlType, data: &[u8]) {
     .unwrap();
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 #[test]
 fn bad_inputs_give_named_errors_and_no_output() {
     let d = scratch("bad");
@@ -366,7 +360,7 @@ fn bad_inputs_give_named_errors_and_no_output() {
     let up_name = "blk.0.ffn_up.weight";
 
     let p = d.join("llama.gguf");
-    mini(&p, "llama", up_name, GgmlType::F32, &f32_bytes(&up));
+    mini(&p, "llama", up_name, GgmlType::F32, &f32_le_bytes(&up));
     let e = quantize(&p, &out, |_| {}).unwrap_err();
     assert!(matches!(e, QuantizeError::NotQwen35 { .. }), "{e}");
     assert!(e.to_string().contains("llama"), "{e}");
@@ -374,7 +368,7 @@ fn bad_inputs_give_named_errors_and_no_output() {
     let p = d.join("nan.gguf");
     let mut bad = up.clone();
     bad[2 * 160 + 7] = f32::NAN;
-    mini(&p, "qwen35", up_name, GgmlType::F32, &f32_bytes(&bad));
+    mini(&p, "qwen35", up_name, GgmlType::F32, &f32_le_bytes(&bad));
     let e = quantize(&p, &out, |_| {}).unwrap_err();
     let s = e.to_string();
     assert!(
@@ -403,7 +397,7 @@ fn bad_inputs_give_named_errors_and_no_output() {
         "qwen35",
         "blk.0.mystery.weight",
         GgmlType::F32,
-        &f32_bytes(&up),
+        &f32_le_bytes(&up),
     );
     let e = quantize(&p, &out, |_| {}).unwrap_err();
     assert!(matches!(e, QuantizeError::NoRule { .. }), "{e}");
@@ -411,7 +405,7 @@ fn bad_inputs_give_named_errors_and_no_output() {
 
     // The same file with good data works and gives pn3t.
     let p = d.join("good.gguf");
-    mini(&p, "qwen35", up_name, GgmlType::F32, &f32_bytes(&up));
+    mini(&p, "qwen35", up_name, GgmlType::F32, &f32_le_bytes(&up));
     let s = quantize(&p, &out, |o| o.promote = Some(0)).unwrap();
     assert_eq!(s.tensors[1].ty, "pn3t");
     std::fs::remove_file(&out).unwrap();
@@ -436,8 +430,7 @@ fn sigint_during_pn_quantize_leaves_no_file() {
     let d = scratch("sigint");
     let out = d.join("m.gguf");
     // The demo model (35 MB) on one thread: long enough to be caught mid-run.
-    let demo =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/demo-code-model/model-f16.gguf");
+    let demo = pn_tests::data(pn_tests::DEMO, "model-f16.gguf");
     let mut child = Command::new(env!("CARGO_BIN_EXE_pn"))
         .args(["quantize", "--threads", "1", "--quiet"])
         .arg(&demo)

@@ -5,14 +5,11 @@
 mod server_support;
 use server_support::Server;
 
-const QWEN35_TEMPLATE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../tests/data/chat-template/qwen3.5_chat_template.jinja"
-);
-
 #[test]
 fn thinking_goes_to_reasoning_content() {
-    let s = Server::start(&["--parallel", "1", "--chat-template-file", QWEN35_TEMPLATE]);
+    let template = pn_tests::data("chat-template", "qwen3.5_chat_template.jinja");
+    let template = template.to_str().expect("UTF-8 path");
+    let s = Server::start(&["--parallel", "1", "--chat-template-file", template]);
     // The Qwen3.5 template opens `<think>` in the generation prompt: the demo model never
     // closes it, so everything it writes is reasoning.
     let body = r#"{"messages":[{"role":"user","content":"def add(a, b):"}],"max_tokens":12,"temperature":0,"ignore_eos":true}"#;

@@ -104,7 +104,7 @@ fn rotated_demo_model_uses_the_fused_ops() {
     let be = Wrapped::new(CpuBackend::new(2));
     let m = Model::load(data(DEMO, "model-pn3.gguf"), be).expect("demo PN3 model");
     let (d, v) = (m.config.hidden, m.config.vocab);
-    let tokens = read_tokens(data(DEMO, "tokens_val.json"));
+    let tokens = read_tokens(&data(DEMO, "tokens_val.json"));
     let (prompt, next) = (&tokens[..9], &tokens[9..10]);
     let mut ws = m.new_workspace(16).unwrap();
     m.backend.take();
@@ -186,7 +186,7 @@ fn rotated_demo_model_uses_the_fused_ops() {
 fn unrotated_model_rotates_nothing() {
     let be = Wrapped::new(CpuBackend::new(2));
     let m = Model::load(tiny("model-f16.gguf"), be).expect("tiny model");
-    let tokens = read_tokens(tiny("tokens_a.json"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
     let mut ws = m.new_workspace(8).unwrap();
     let mut st = m.new_state(tokens.len()).unwrap();
     let mut logits = vec![0.0; m.config.vocab];

@@ -150,7 +150,7 @@ fn quantized_cache_writes_at_an_offset_leave_other_rows_alone() {
 
 /// Logits of tokens_b (150-token prefill, then one token at a time) with the given cache types.
 fn logits_b(m: &Model<CpuBackend>, kt: KvCacheType, vt: KvCacheType) -> Vec<f32> {
-    let tokens = read_tokens(tiny("tokens_b.json"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
     let mut state = m.new_state_with_kv_types(tokens.len(), kt, vt).unwrap();
     prefill_then_decode(m, &mut state, &tokens, 150)
 }
@@ -162,7 +162,7 @@ fn logits_b(m: &Model<CpuBackend>, kt: KvCacheType, vt: KvCacheType) -> Vec<f32>
 #[test]
 fn quantized_kv_logits_stay_within_bounds_of_f32() {
     let m = Model::load(tiny("model-f16.gguf"), CpuBackend::new(2)).expect("tiny model");
-    let want = read_f32(tiny("logits_b.f32"));
+    let want = read_f32(&tiny("logits_b.f32"));
     let v = m.config.vocab;
     use KvCacheType::*;
     for (kt, vt, bound) in [

@@ -74,15 +74,15 @@ fn config_of_tiny_model() {
 #[test]
 fn sequence_a_whole_prefill_matches_transformers() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_a.json"));
-    let want = read_f32(tiny("logits_a.f32"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let want = read_f32(&tiny("logits_a.f32"));
     let (got, hidden) = run(&m, &tokens, &[tokens.len()], 64);
     let d = max_abs(&got, &want);
     eprintln!("sequence a, whole prefill: max abs diff {d:.3e}");
     assert!(d <= TOL, "sequence a: max abs diff {d}");
     assert!(assert_argmax(&got, &want, m.config.vocab, 0.0, "a").is_empty());
     // The LM-head input too (it feeds the MTP block).
-    let dh = max_abs(&hidden, &read_f32(tiny("hidden_a_final.f32")));
+    let dh = max_abs(&hidden, &read_f32(&tiny("hidden_a_final.f32")));
     eprintln!("sequence a, final hidden: max abs diff {dh:.3e}");
     assert!(dh <= TOL);
 }
@@ -91,8 +91,8 @@ fn sequence_a_whole_prefill_matches_transformers() {
 #[test]
 fn sequence_a_layer_by_layer_matches_transformers() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_a.json"));
-    let want = read_f32(tiny("hidden_a_layers.f32"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let want = read_f32(&tiny("hidden_a_layers.f32"));
     let (n, d) = (tokens.len(), m.config.hidden);
     let mut got = vec![0.0; (m.config.n_layers + 1) * n * d];
     let mut state = m.new_state(n).unwrap();
@@ -116,8 +116,8 @@ fn sequence_a_layer_by_layer_matches_transformers() {
 #[test]
 fn sequence_b_whole_prefill_matches_transformers() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_b.json"));
-    let want = read_f32(tiny("logits_b.f32"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
+    let want = read_f32(&tiny("logits_b.f32"));
     let (got, _) = run(&m, &tokens, &[tokens.len()], 256);
     let d = max_abs(&got, &want);
     eprintln!("sequence b, whole prefill: max abs diff {d:.3e}");
@@ -129,8 +129,8 @@ fn sequence_b_whole_prefill_matches_transformers() {
 #[test]
 fn sequence_c_token_by_token_matches_transformers() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_c.json"));
-    let want = read_f32(tiny("logits_c.f32"));
+    let tokens = read_tokens(&tiny("tokens_c.json"));
+    let want = read_f32(&tiny("logits_c.f32"));
     let ones = vec![1; tokens.len()];
     let (got, _) = run(&m, &tokens, &ones, 64);
     let d = max_abs(&got, &want);
@@ -142,8 +142,8 @@ fn sequence_c_token_by_token_matches_transformers() {
 #[test]
 fn prefill_decode_and_uneven_chunks_agree() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_b.json"));
-    let want = read_f32(tiny("logits_b.f32"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
+    let want = read_f32(&tiny("logits_b.f32"));
     let (whole, _) = run(&m, &tokens, &[tokens.len()], 256);
     let ones = vec![1; tokens.len()];
     let (decode, _) = run(&m, &tokens, &ones, 1);
@@ -162,7 +162,7 @@ fn prefill_decode_and_uneven_chunks_agree() {
 #[test]
 fn last_row_output_equals_all_rows_output() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_a.json"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
     let v = m.config.vocab;
     let (all, _) = run(&m, &tokens, &[tokens.len()], 64);
     let mut state = m.new_state(tokens.len()).unwrap();
@@ -181,7 +181,7 @@ fn last_row_output_equals_all_rows_output() {
 #[test]
 fn snapshot_restore_replays_exactly() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_b.json"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
     let v = m.config.vocab;
     let mut state = m.new_state(tokens.len()).unwrap();
     let mut ws = m.new_workspace(16).unwrap();
@@ -217,8 +217,8 @@ fn mtp_block_matches_oracle() {
     let m = model();
     let (v, d) = (m.config.vocab, m.config.hidden);
     for seq in ["a", "b"] {
-        let tokens = read_tokens(tiny(&format!("tokens_{seq}.json")));
-        let want = read_f32(tiny(&format!("mtp_logits_{seq}.f32")));
+        let tokens = read_tokens(&tiny(&format!("tokens_{seq}.json")));
+        let want = read_f32(&tiny(&format!("mtp_logits_{seq}.f32")));
         let n = tokens.len() - 1;
         let (_, hidden) = run(&m, &tokens, &[tokens.len()], 64);
         let mut state = m.new_state(tokens.len()).unwrap();
@@ -299,8 +299,8 @@ fn bad_token_and_full_context_are_errors() {
 fn demo_model_matches_transformers() {
     let dir = pn_tests::data(pn_tests::DEMO, "");
     let m = Model::load(dir.join("model-f16.gguf"), CpuBackend::new(2)).expect("demo model");
-    let tokens = read_tokens(dir.join("tokens_val.json"));
-    let want = read_f32(dir.join("logits_val.f32"));
+    let tokens = read_tokens(&dir.join("tokens_val.json"));
+    let want = read_f32(&dir.join("logits_val.f32"));
     let (got, _) = run(&m, &tokens, &[tokens.len()], 64);
     let d = max_abs(&got, &want);
     let scale = want.iter().fold(0.0f32, |a, &b| a.max(b.abs()));
@@ -314,8 +314,8 @@ fn demo_model_matches_transformers() {
 #[test]
 fn f16_kv_cache_stays_close() {
     let m = model();
-    let tokens = read_tokens(tiny("tokens_b.json"));
-    let want = read_f32(tiny("logits_b.f32"));
+    let tokens = read_tokens(&tiny("tokens_b.json"));
+    let want = read_f32(&tiny("logits_b.f32"));
     let mut state = m
         .new_state_with_kv(tokens.len(), qwen_model::KvCacheType::F16)
         .unwrap();

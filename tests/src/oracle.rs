@@ -58,8 +58,7 @@ fn read(path: &Path) -> Result<Vec<u8>, DataError> {
 }
 
 /// Reads a raw little-endian f32 file.
-pub fn try_read_f32(path: impl AsRef<Path>) -> Result<Vec<f32>, DataError> {
-    let path = path.as_ref();
+pub fn try_read_f32(path: &Path) -> Result<Vec<f32>, DataError> {
     let b = read(path)?;
     if b.len() % 4 != 0 {
         return Err(DataError::F32Length {
@@ -78,13 +77,12 @@ pub fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// [`try_read_f32`], panicking with the error.
-pub fn read_f32(path: impl AsRef<Path>) -> Vec<f32> {
+pub fn read_f32(path: &Path) -> Vec<f32> {
     try_read_f32(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Reads a JSON file.
-pub fn try_read_json(path: impl AsRef<Path>) -> Result<serde_json::Value, DataError> {
-    let path = path.as_ref();
+pub fn try_read_json(path: &Path) -> Result<serde_json::Value, DataError> {
     serde_json::from_slice(&read(path)?).map_err(|source| DataError::Json {
         path: path.to_path_buf(),
         line: None,
@@ -93,7 +91,7 @@ pub fn try_read_json(path: impl AsRef<Path>) -> Result<serde_json::Value, DataEr
 }
 
 /// [`try_read_json`], panicking with the error.
-pub fn read_json(path: impl AsRef<Path>) -> serde_json::Value {
+pub fn read_json(path: &Path) -> serde_json::Value {
     try_read_json(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -116,8 +114,7 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 /// Reads a `{"tokens": [...]}` file (the oracle's token sequences).
-pub fn read_tokens(path: impl AsRef<Path>) -> Vec<u32> {
-    let path = path.as_ref();
+pub fn read_tokens(path: &Path) -> Vec<u32> {
     let v = read_json(path);
     let Some(tokens) = v.get("tokens") else {
         panic!(

@@ -601,8 +601,8 @@ fn all_logits<B: Backend>(
 fn tiny_model_matches_oracle_logits() {
     let Some(g) = gpu() else { return };
     let m = Model::load(tiny("model-f16.gguf"), g).expect("load tiny model on the GPU");
-    let tokens = read_tokens(tiny("tokens_a.json"));
-    let want = read_f32(tiny("logits_a.f32"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
+    let want = read_f32(&tiny("logits_a.f32"));
     // Whole prefill, then token-by-token decode, then a mix.
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..], &[5, 1, 10][..]] {
@@ -633,7 +633,7 @@ fn pn3_model_gpu_matches_cpu() {
     .expect("quantize the tiny model");
     let cpu = Model::load(&out, CpuBackend::new(2)).unwrap();
     let gpu = Model::load(&out, g).unwrap();
-    let tokens = read_tokens(tiny("tokens_a.json"));
+    let tokens = read_tokens(&tiny("tokens_a.json"));
     let ones = vec![1; tokens.len()];
     for pieces in [&[tokens.len()][..], &ones[..]] {
         let want = all_logits(&cpu, &tokens, pieces, KvCacheType::F32);

@@ -343,7 +343,7 @@ fn f32_data(fill: Fill, n: usize, seed: u64) -> Vec<u8> {
 }
 
 fn default_vocab() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/qwen-tokenizer/vocab-qwen35.gguf")
+    pn_tests::data("qwen-tokenizer", "vocab-qwen35.gguf")
 }
 
 /// The `tokenizer.*` keys of the vocab file, with the token list padded to the full vocabulary.

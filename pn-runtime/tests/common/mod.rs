@@ -1,18 +1,15 @@
-//! Shared helpers of the tokenizer/template tests: test-data paths and one tokenizer per test
-//! binary (building it from the 248k-token vocabulary takes a moment).
+//! Shared helpers of pn-runtime's tests: one tokenizer per test binary (building it from the
+//! 248k-token vocabulary takes a moment) and running the `pn` binary. Data paths and the JSON(L) readers are the
+//! shared kit's (`pn_tests`), re-exported for these tests.
 #![allow(dead_code)]
 
 use pn_runtime::tokenizer::Tokenizer;
 use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// `tests/data/<folder>/<file>` at the workspace root.
-pub fn data(folder: &str, file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(folder)
-        .join(file)
-}
+#[allow(unused_imports)] // not every test binary uses each
+pub use pn_tests::{data, ids, jsonl};
 
 /// The real Qwen3.5 vocabulary (vocab-only GGUF).
 pub fn vocab_path() -> PathBuf {
@@ -25,20 +22,10 @@ pub fn qwen() -> &'static Tokenizer {
     TOK.get_or_init(|| Tokenizer::open(vocab_path()).expect("vocab-qwen35.gguf loads"))
 }
 
-/// The lines of a JSONL file as JSON values.
-pub fn jsonl(path: PathBuf) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("valid JSON line"))
-        .collect()
-}
-
-/// A JSON array of ids as `u32`s.
-pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array of ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+/// Runs the built `pn` binary with `args` and waits for it.
+pub fn pn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pn"))
+        .args(args)
+        .output()
+        .expect("run pn")
 }

@@ -39,19 +39,13 @@ kv_elem_for_block!(BlockQ4_0);
 mod tests {
     use super::*;
 
+    /// 32 values in [-1, 1) from the shared test kit, with a few 8x outliers like real keys.
     fn sample(seed: u32) -> Vec<f32> {
-        // Deterministic, varied magnitudes (a few outliers like real keys have).
-        (0..QK as u32)
-            .map(|i| {
-                let h = (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 1000;
-                let v = h as f32 / 500.0 - 1.0;
-                if i % 11 == 3 {
-                    v * 8.0
-                } else {
-                    v
-                }
-            })
-            .collect()
+        let mut v = pn_tests::seeded_vec(u64::from(seed), QK, 1.0);
+        for x in v.iter_mut().skip(3).step_by(11) {
+            *x *= 8.0;
+        }
+        v
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What a golden case is: a name, a backend, a tolerance, and a function producing fields.
 
 use super::snapshot::Field;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Error type of case bodies.
 pub type CaseError = Box<dyn std::error::Error + Send + Sync>;
@@ -132,53 +132,6 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub fn f32_digest(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     sha256_hex(&bytes)
-}
-
-/// Largest |a - b| (NaN counts as infinite).
-pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
-        let d = (x - y).abs();
-        if d.is_nan() {
-            f32::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
-}
-
-/// Reads a raw little-endian f32 file.
-pub fn read_f32(path: &Path) -> Result<Vec<f32>, CaseError> {
-    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if b.len() % 4 != 0 {
-        return Err(format!(
-            "{}: length {} is not a multiple of 4",
-            path.display(),
-            b.len()
-        )
-        .into());
-    }
-    Ok(b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-/// Reads a JSON file.
-pub fn read_json(path: &Path) -> Result<serde_json::Value, CaseError> {
-    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&t).map_err(|e| format!("{}: {e}", path.display()).into())
-}
-
-/// A JSON array of ids.
-pub fn json_ids(v: &serde_json::Value) -> Result<Vec<u32>, CaseError> {
-    v.as_array()
-        .ok_or("expected an array of token ids")?
-        .iter()
-        .map(|x| {
-            x.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| CaseError::from(format!("not a token id: {x}")))
-        })
-        .collect()
 }
 
 /// `[1, 2, 3]`.

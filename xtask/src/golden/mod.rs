@@ -64,7 +64,7 @@ pub fn default_snapshot_dir() -> PathBuf {
 
 /// The workspace's `tests/data`.
 pub fn default_data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data")
+    pn_tests::data_dir()
 }
 
 fn wanted(o: &Options, c: &Case) -> bool {

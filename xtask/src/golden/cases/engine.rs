@@ -3,9 +3,10 @@
 //! transcript with a fixed seed. Exact token ids: a reordered sum can only change a token at a
 //! near tie, which the snapshot would then show as the first differing token.
 
-use super::super::case::{ids_text, json_ids, read_json, CaseError, Ctx, Output, Run};
+use super::super::case::{ids_text, CaseError, Ctx, Output, Run};
 use super::super::snapshot::Field;
 use pn_runtime::{Device, Engine, EngineOptions, SamplingParams, StopConditions};
+use pn_tests::{try_ids, try_read_json};
 
 const THREADS: usize = 2;
 const N_TOKENS: usize = 64;
@@ -46,15 +47,15 @@ pub fn demo(ctx: &Ctx, device: Device) -> Result<Run, CaseError> {
         Ok(e) => e,
         Err(reason) => return Ok(Run::Skipped(reason)),
     };
-    let samples = read_json(&ctx.file("demo-code-model", "greedy_samples.json"))?;
+    let samples = try_read_json(&ctx.file("demo-code-model", "greedy_samples.json"))?;
     let samples = samples
         .as_array()
         .ok_or("greedy_samples.json: not an array")?;
     let mut out = Output::default();
     for (i, s) in samples.iter().enumerate() {
-        let prompt = json_ids(&s["prompt_tokens"])?;
+        let prompt = try_ids(&s["prompt_tokens"])?;
         let got = transcript(&e, &prompt, SamplingParams::greedy())?;
-        let want = json_ids(&s["greedy_tokens"])?;
+        let want = try_ids(&s["greedy_tokens"])?;
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         out.fields
             .push(Field::exact(format!("greedy{i}"), ids_text(&got)));
@@ -67,7 +68,7 @@ pub fn demo(ctx: &Ctx, device: Device) -> Result<Run, CaseError> {
             },
         ));
     }
-    let prompt = json_ids(&samples[0]["prompt_tokens"])?;
+    let prompt = try_ids(&samples[0]["prompt_tokens"])?;
     let params = SamplingParams {
         seed: 20261129,
         ..SamplingParams::default()

@@ -3,13 +3,11 @@
 //! the CPU backend picks AVX-512 or AVX2 at run time and threads split sums differently). The
 //! F16 model's logits on a CUDA device go through pn-runtime's engine.
 
-use super::super::case::{
-    f32_digest, ids_text, json_ids, max_abs, read_f32, read_json, sha256_hex, CaseError, Ctx,
-    Output, Run,
-};
+use super::super::case::{f32_digest, ids_text, sha256_hex, CaseError, Ctx, Output, Run};
 use super::super::snapshot::Field;
 use pn_runtime::engine::Speculation;
 use pn_runtime::{Device, Engine, EngineOptions};
+use pn_tests::{argmax, max_abs, try_ids, try_read_f32, try_read_json};
 use qwen_model::{CpuBackend, KvCacheType, Model, Outputs};
 use std::path::Path;
 
@@ -75,17 +73,6 @@ pub fn greedy(
     Ok(out)
 }
 
-/// Index of the largest value (the first one on ties).
-pub fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 fn argmaxes(logits: &[f32], v: usize) -> Vec<u32> {
     logits.chunks_exact(v).map(|r| argmax(r) as u32).collect()
 }
@@ -117,7 +104,9 @@ fn logits_fields(out: &mut Output, seq: &str, logits: &[f32], v: usize) {
 }
 
 fn tokens(ctx: &Ctx, seq: &str) -> Result<Vec<u32>, CaseError> {
-    json_ids(&read_json(&ctx.file("tiny-qwen35", &format!("tokens_{seq}.json")))?["tokens"])
+    Ok(try_ids(
+        &try_read_json(&ctx.file("tiny-qwen35", &format!("tokens_{seq}.json")))?["tokens"],
+    )?)
 }
 
 /// The F16 tiny model on sequences a (one prefill), b (one prefill) and c (token by token).
@@ -160,7 +149,7 @@ fn tiny_f16_logits(
     for (seq, piece) in [("a", 64), ("b", 256), ("c", 1)] {
         let toks = tokens(ctx, seq)?;
         let got = logits(&toks, piece)?;
-        let want = read_f32(&ctx.file("tiny-qwen35", &format!("logits_{seq}.f32")))?;
+        let want = try_read_f32(&ctx.file("tiny-qwen35", &format!("logits_{seq}.f32")))?;
         if want.len() != got.len() {
             return Err(format!(
                 "logits_{seq}.f32: {} values, expected {}",
@@ -213,7 +202,7 @@ pub fn tiny_pn3(ctx: &Ctx) -> Result<Run, CaseError> {
     let v = m.config.vocab;
     let toks = tokens(ctx, "a")?;
     let got = all_logits(&m, &toks, 64)?;
-    let want = read_f32(&ctx.file("tiny-qwen35", "logits_a.f32"))?;
+    let want = try_read_f32(&ctx.file("tiny-qwen35", "logits_a.f32"))?;
     logits_fields(&mut out, "a", &got, v);
     let agree = argmaxes(&got, v)
         .iter()

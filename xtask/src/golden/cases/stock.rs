@@ -1,14 +1,15 @@
 //! Stock GGML types (Q4_0 ... Q6_K, F16, BF16) decoded from the real-GGUF slices: bit-exact
 //! against gguf-py's dequantization (a fixed check) and the digest of our output (snapshot).
 
-use super::super::case::{f32_digest, read_json, sha256_hex, CaseError, Ctx, Output, Run};
+use super::super::case::{f32_digest, sha256_hex, CaseError, Ctx, Output, Run};
 use super::super::snapshot::Field;
 use gguf_io::quants::dequantize_row;
 use gguf_io::GgufFile;
+use pn_tests::try_read_json;
 
 /// Decodes every tensor of `real-gguf/slices.gguf`.
 pub fn run(ctx: &Ctx) -> Result<Run, CaseError> {
-    let exp = read_json(&ctx.file("real-gguf", "slices-expected.json"))?;
+    let exp = try_read_json(&ctx.file("real-gguf", "slices-expected.json"))?;
     let bin_path = ctx.file("real-gguf", "slices-expected.bin");
     let bin = std::fs::read(&bin_path).map_err(|e| format!("{}: {e}", bin_path.display()))?;
     let file = GgufFile::open(ctx.file("real-gguf", "slices.gguf"))?;

@@ -1,10 +1,11 @@
 //! Tokenizer ids and chat-template renders: exact, and checked against the references that
 //! ship with the test data (HF tokenizers ids, transformers renders).
 
-use super::super::case::{ids_text, json_ids, CaseError, Ctx, Output, Run};
+use super::super::case::{ids_text, CaseError, Ctx, Output, Run};
 use super::super::snapshot::Field;
 use pn_runtime::chat_template::{ChatTemplate, ChatTemplateError, TemplateContext};
 use pn_runtime::tokenizer::Tokenizer;
+use pn_tests::try_ids;
 
 fn jsonl(
     ctx: &Ctx,
@@ -38,7 +39,7 @@ pub fn tokenizer(ctx: &Ctx) -> Result<Run, CaseError> {
         let id = case["id"].as_str().ok_or("case without id")?;
         let text = case["text"].as_str().ok_or("case without text")?;
         let got = tok.encode(text).map_err(|e| format!("{id}: {e}"))?;
-        let want = json_ids(&case["ids_hf"])?;
+        let want = try_ids(&case["ids_hf"])?;
         out.check(got == want, || {
             format!("{id}: ids differ from HF tokenizers")
         });
