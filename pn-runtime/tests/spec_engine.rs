@@ -4,38 +4,19 @@
 //! run, and sampled output with the target distribution (a chi-square test that a wrong
 //! acceptance rule fails).
 
-use pn_runtime::engine::{
-    CancelToken, Engine, EngineOptions, FinishReason, Session, Speculation, StopConditions,
-};
+use pn_runtime::engine::{CancelToken, Engine, FinishReason, Session, Speculation, StopConditions};
 use pn_runtime::sampling::{Sampler, SamplingParams, TokenDist};
 use pn_runtime::speculative::{AcceptRule, Drafter};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 
-fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(rel)
-}
-
-fn options() -> EngineOptions {
-    EngineOptions {
-        threads: 2,
-        context: 256,
-        ..EngineOptions::default()
-    }
-}
-
-fn tiny() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::load(data("tiny-qwen35/model-f16.gguf"), options()).expect("tiny"))
-}
-
-fn demo() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::load(pn_runtime::DEMO_MODEL_PATH, options()).expect("demo"))
-}
+// The cached engines of the shared kit (2 threads, 512-token context): `tiny()` the tiny oracle
+// model, `demo()` the shipped PN3 demo, `demo_f16()` its F16 original.
+use pn_tests::engine::{
+    demo_engine as demo, demo_f16_engine as demo_f16, engine_options as options,
+    tiny_engine as tiny,
+};
+use pn_tests::{data_dir, read_tokens, tiny as tiny_file};
 
 /// The tiny model quantized with `pn quantize`'s default PN3 mix.
 fn tiny_pn3() -> &'static Engine {
@@ -45,10 +26,7 @@ fn tiny_pn3() -> &'static Engine {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("tiny-pn3.gguf");
-        let mut o = pn_runtime::quantize::QuantizeOptions::new(
-            Path::new(&data("tiny-qwen35/model-f16.gguf")),
-            &out,
-        );
+        let mut o = pn_runtime::quantize::QuantizeOptions::new(tiny_file("model-f16.gguf"), &out);
         o.threads = 2;
         pn_runtime::quantize::quantize_model(
             &o,
@@ -68,14 +46,7 @@ fn prompt_a() -> Vec<u32> {
 
 /// The `tokens` array of a JSON file under tests/data.
 fn tokens_of(rel: &str) -> Vec<u32> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data(rel)).unwrap()).unwrap();
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    read_tokens(&data_dir().join(rel))
 }
 
 fn until(n: usize) -> StopConditions {
@@ -204,11 +175,6 @@ fn greedy_with_speculation_equals_plain_greedy_demo() {
 fn greedy_with_speculation_equals_plain_greedy_demo_f16() {
     let toks = tokens_of("demo-code-model/tokens_val.json");
     check_greedy_equal(demo_f16(), &toks[..24], 21);
-}
-
-fn demo_f16() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).expect("demo F16"))
 }
 
 /// Process CPU time (user + system) in seconds, from /proc (Linux; 0 elsewhere).
