@@ -2,7 +2,7 @@
 //! attention over the dequantized values; logits on the tiny oracle model stay within stated
 //! bounds of the f32 cache; bytes per token are as documented.
 
-use pn_tests::model::prefill_then_decode;
+use pn_tests::model::{naive_attention, prefill_then_decode};
 use pn_tests::{argmax, max_abs, read_f32, read_tokens, tiny, top2_gap};
 use qwen_model::cpu::{kvquant, CpuKv};
 use qwen_model::{kv_bytes_per_token, AttnLayout, Backend, CpuBackend, KvCacheType, Model};
@@ -19,46 +19,6 @@ fn dequantized(c: &CpuKv, len: usize) -> Vec<f32> {
         }
         CpuKv::Q8_0(b) => kvquant::dequantize_into(b, &mut out),
         CpuKv::Q4_0(b) => kvquant::dequantize_into(b, &mut out),
-    }
-    out
-}
-
-/// Straightforward causal GQA attention in f64 over f32 caches.
-fn naive_attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    l: &AttnLayout,
-    n: usize,
-    pos0: usize,
-) -> Vec<f32> {
-    let (dh, group) = (l.head_dim, l.n_q_heads / l.n_kv_heads);
-    let stride = l.n_kv_heads * dh;
-    let mut out = vec![0.0; n * l.n_q_heads * dh];
-    for t in 0..n {
-        for h in 0..l.n_q_heads {
-            let qv = &q[t * l.q_token_stride + h * l.q_head_stride..][..dh];
-            let g = h / group;
-            let scores: Vec<f64> = (0..=pos0 + t)
-                .map(|j| {
-                    let kv = &k[j * stride + g * dh..][..dh];
-                    qv.iter()
-                        .zip(kv)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * l.scale as f64
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let z: f64 = w.iter().sum();
-            for (j, wj) in w.iter().enumerate() {
-                let vv = &v[j * stride + g * dh..][..dh];
-                for d in 0..dh {
-                    out[(t * l.n_q_heads + h) * dh + d] += (wj / z * vv[d] as f64) as f32;
-                }
-            }
-        }
     }
     out
 }

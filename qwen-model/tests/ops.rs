@@ -6,6 +6,7 @@ use qwen_model::backend::{
 };
 use qwen_model::CpuBackend;
 // `randn`, `max_diff`: the kit's helpers under this file's short names.
+use pn_tests::model::naive_attention;
 use pn_tests::{max_abs as max_diff, random_signed as randn};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -142,44 +143,6 @@ fn rope_matches_complex_rotation() {
             }
         }
     }
-}
-
-/// Softmax attention with an explicit score vector, f64.
-fn naive_attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    l: &AttnLayout,
-    n_tokens: usize,
-    pos0: usize,
-) -> Vec<f32> {
-    let dh = l.head_dim;
-    let kvs = l.n_kv_heads * dh;
-    let mut out = vec![0.0f32; n_tokens * l.n_q_heads * dh];
-    for t in 0..n_tokens {
-        for h in 0..l.n_q_heads {
-            let g = h * l.n_kv_heads / l.n_q_heads;
-            let qv = &q[t * l.q_token_stride + h * l.q_head_stride..][..dh];
-            let n_ctx = pos0 + t + 1;
-            let scores: Vec<f64> = (0..n_ctx)
-                .map(|j| {
-                    (0..dh)
-                        .map(|i| qv[i] as f64 * k[j * kvs + g * dh + i] as f64)
-                        .sum::<f64>()
-                        * l.scale as f64
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-            for i in 0..dh {
-                let o: f64 = (0..n_ctx)
-                    .map(|j| (scores[j] - m).exp() / z * v[j * kvs + g * dh + i] as f64)
-                    .sum();
-                out[(t * l.n_q_heads + h) * dh + i] = o as f32;
-            }
-        }
-    }
-    out
 }
 
 #[test]
