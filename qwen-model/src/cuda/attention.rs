@@ -2,6 +2,7 @@
 //! inputs, the tiled prefill kernel for prefill chunks ([`attn_tiled`](super::attn_tiled)).
 
 use super::kv::with_kv_pair;
+use super::shape_error;
 use super::{
     attn_tiled, lock, view, view_mut, CudaBackend, CudaBuf, CudaError, CudaKv, ATTN_SCRATCH_FLOATS,
     HEAD_DIM,
@@ -65,7 +66,12 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         const OP: &str = "attention";
         // Backend::supports refuses any other head dim at model bind.
-        debug_assert!(l.head_dim == HEAD_DIM && l.n_kv_heads > 0, "{l:?}");
+        if l.head_dim != HEAD_DIM || l.n_kv_heads == 0 {
+            return Err(shape_error(
+                OP,
+                format!("the kernels take head_dim {HEAD_DIM} and 1+ kv heads, got {l:?}"),
+            ));
+        }
         let n_tokens = positions.len();
         if n_tokens == 0 {
             return Ok(());

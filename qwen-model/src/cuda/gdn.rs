@@ -1,8 +1,8 @@
 //! The Gated DeltaNet ops on the device: the causal conv1d + SiLU and the gated delta rule
 //! (token by token for decode, chunked for prefill: [`gdn_chunked`](super::gdn_chunked)).
 
-use super::GDN_HEAD_DIM;
 use super::{gdn_chunked, view, view_mut, CudaBackend, CudaBuf, CudaError, CONV_KERNEL};
+use super::{shape_error, GDN_HEAD_DIM};
 use crate::{ConvShape, GdnArgs};
 use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, Gpu, NormShape, RowLayout, RowStrides};
 
@@ -19,7 +19,12 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         const OP: &str = "conv1d_silu";
         // Backend::supports refuses any other kernel length at model bind.
-        debug_assert_eq!(kernel, CONV_KERNEL);
+        if kernel != CONV_KERNEL {
+            return Err(shape_error(
+                OP,
+                format!("the kernel takes a conv length of {CONV_KERNEL}, got {kernel}"),
+            ));
+        }
         if n_tokens == 0 {
             return Ok(());
         }
@@ -38,7 +43,12 @@ impl CudaBackend {
         const OP: &str = "gated_delta_rule";
         let (d, n_tokens) = (c.dims, c.n_tokens);
         // Backend::supports refuses any other head dims at model bind.
-        debug_assert!(d.dk == GDN_HEAD_DIM && d.dv == GDN_HEAD_DIM, "{d:?}");
+        if d.dk != GDN_HEAD_DIM || d.dv != GDN_HEAD_DIM {
+            return Err(shape_error(
+                OP,
+                format!("the kernels take key/value head dims {GDN_HEAD_DIM}, got {d:?}"),
+            ));
+        }
         if n_tokens == 0 {
             return Ok(());
         }

@@ -299,3 +299,9 @@ impl CudaBackend {
             .map_err(|e| CudaError::driver("copy", e))
     }
 }
+
+/// The error of an op called with a shape its kernels do not take. [`crate::Backend::supports`]
+/// refuses such a model at bind; this covers a direct call that bypasses the model.
+fn shape_error(op: &'static str, what: String) -> CudaError {
+    CudaError::Kernel(pn_kernels::KernelError::Shape { op, what })
+}
