@@ -282,6 +282,32 @@ fn sessions_on_two_threads_are_independent() {
     assert_eq!(b, alone);
 }
 
+/// A session owns a handle to its engine: it moves into a plain (not scoped) thread, and the
+/// model outlives every `Engine` value, freed with the last session.
+#[test]
+fn a_session_moves_to_a_thread_and_outlives_its_engine_value() {
+    let stop = || StopConditions::max_tokens(6);
+    let want = collect(demo(), "def add(a, b):", SamplingParams::greedy(), stop()).0;
+    let engine = Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).unwrap();
+    let mut session = engine.session().unwrap();
+    let other = engine.clone();
+    drop(engine);
+    let worker = std::thread::spawn(move || {
+        session
+            .generate("def add(a, b):", SamplingParams::greedy(), stop())
+            .unwrap()
+            .map(|e| e.unwrap().token)
+            .collect::<Option<Vec<u32>>>()
+            .unwrap()
+    });
+    assert_eq!(worker.join().unwrap(), want);
+    // The clone still works after the session thread is gone.
+    assert_eq!(
+        collect(&other, "def add(a, b):", SamplingParams::greedy(), stop()).0,
+        want
+    );
+}
+
 fn load_err(path: impl AsRef<std::path::Path>, opts: EngineOptions) -> EngineError {
     Engine::load(path, opts).expect_err("load should fail")
 }

@@ -45,7 +45,7 @@ pub fn demo_f16_engine() -> &'static Engine {
 
 /// Feeds `prompt`, then decodes `n` greedy tokens through `Session::generate` (speculative when
 /// the engine is), end-of-generation tokens ignored so there are always `n`.
-pub fn greedy_tokens(s: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+pub fn greedy_tokens(s: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     let stop = StopConditions {
         max_tokens: Some(n),
         ignore_eog: true,

@@ -27,7 +27,7 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct AppState {
     /// The model.
-    pub engine: &'static Engine,
+    pub engine: Engine,
     /// Slots and queue.
     pub scheduler: Arc<Scheduler>,
     /// Counters.
@@ -177,7 +177,7 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
                 .or_insert_with(|| effort.clone().into());
         }
         let tools = req.tools.clone();
-        let engine = st.engine;
+        let engine = st.engine.clone();
         let state = Arc::clone(&st);
         let (text, tokens) = blocking(move || {
             let mut ctx = TemplateContext::new();
@@ -219,7 +219,7 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
         // OpenAI's default for this endpoint.
         let settings = fields.settings(None, Some(16))?;
         let prompt = req.prompt()?;
-        let engine = st.engine;
+        let engine = st.engine.clone();
         let n_vocab = engine.tokenizer().n_vocab();
         let tokens = blocking(move || match prompt {
             Prompt::Text(t) => engine
