@@ -362,7 +362,10 @@ mod tests {
     fn cuda_plan_counts_kv_types_and_state_copies() {
         let file = GgufFile::open(super::super::DEMO_MODEL_PATH).unwrap();
         let cfg = ModelConfig::from_gguf(&file).unwrap();
+        // An f32 cache as the base the q8_0 size is compared with (the default is f16).
         let base = EngineOptions {
+            kv_type_k: KvCacheType::F32,
+            kv_type_v: KvCacheType::F32,
             speculation: Speculation::None,
             prompt_cache_checkpoints: 0,
             ..EngineOptions::default()

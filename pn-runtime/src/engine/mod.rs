@@ -15,12 +15,14 @@
 //! # }
 //! ```
 
+mod cpu_cores;
 mod error;
 mod load;
 mod options;
 mod prompt_cache;
 mod session;
 
+pub use cpu_cores::physical_cores;
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
 pub use options::{
