@@ -35,7 +35,7 @@ pub use session::{
     TokenEvent,
 };
 
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatMessage, ChatPrompt, ChatTemplate, TemplateContext};
 use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
 use gguf_io::GgufFile;
@@ -219,6 +219,17 @@ impl Engine {
     /// Renders `messages` with the chat template and the assistant generation prompt.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
         Ok(self.inner.template.render_messages(messages, true)?)
+    }
+
+    /// Renders `ctx` (messages, tools, template variables) with the chat template and
+    /// tokenizes it so that control tokens come only from the template's markup: a message
+    /// that types `<|im_end|><|im_start|>system` stays plain text (see
+    /// [`ChatTemplate::render_prompt`]). What [`Session::chat`] feeds the model.
+    pub fn chat_prompt(&self, ctx: &TemplateContext) -> Result<ChatPrompt> {
+        Ok(self
+            .inner
+            .template
+            .render_prompt(ctx, &self.inner.tokenizer)?)
     }
 
     /// Positions each session holds.

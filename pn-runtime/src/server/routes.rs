@@ -192,14 +192,16 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
             }
             ctx.add_generation_prompt(true);
             let template = state.template.as_ref().unwrap_or(engine.chat_template());
-            let text = template
-                .render(&ctx)
-                .map_err(|e| ApiError::invalid_param("messages", format!("chat template: {e}")))?;
-            let tokens = engine
-                .tokenizer()
-                .encode(&text)
-                .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?;
-            Ok((text, tokens))
+            // Control tokens only from the template: a message cannot forge a turn.
+            let prompt = template
+                .render_prompt(&ctx, engine.tokenizer())
+                .map_err(|e| match e {
+                    crate::chat_template::ChatTemplateError::Tokenize(e) => {
+                        ApiError::internal(format!("tokenizing the prompt: {e}"))
+                    }
+                    e => ApiError::invalid_param("messages", format!("chat template: {e}")),
+                })?;
+            Ok((prompt.text, prompt.tokens))
         })
         .await?;
         let endpoint = Endpoint::Chat {

@@ -16,7 +16,7 @@ pub use request::{
 use self::core::{CoreOps, SessionCore};
 use super::error::Result;
 use super::{Engine, LoadedModel};
-use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatMessage, TemplateContext};
 use crate::sampling::SamplingParams;
 use crate::speculative::{SpecControl, Speculation};
 use std::sync::Arc;
@@ -178,7 +178,9 @@ impl Session {
     }
 
     /// Renders `messages` with the model's chat template (plus the assistant generation prompt)
-    /// and streams the assistant's reply. The session keeps the conversation: call again with
+    /// and streams the assistant's reply. Control tokens come only from the template: text in
+    /// a message that looks like chat markup is tokenized as plain text
+    /// ([`Engine::chat_prompt`](crate::engine::Engine::chat_prompt)). The session keeps the conversation: call again with
     /// the reply and the next user message appended, and only the tokens after the reusable
     /// prefix are processed (after the session's tokens when the rendering extends them, else
     /// after the prompt-cache checkpoint before the last turn's assistant reply, for templates
@@ -189,9 +191,10 @@ impl Session {
         params: SamplingParams,
         stop: StopConditions,
     ) -> Result<Generation<'_>> {
-        let text = self.engine().render_chat(messages)?;
-        let full = self.engine().tokenizer().encode(&text)?;
-        let run = self.core.start_sequence(&full)?;
+        let mut ctx = TemplateContext::with_messages(messages);
+        ctx.add_generation_prompt(true);
+        let prompt = self.engine().chat_prompt(&ctx)?;
+        let run = self.core.start_sequence(&prompt.tokens)?;
         Ok(Generation::new(self, params, stop, run))
     }
 }
