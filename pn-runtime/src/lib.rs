@@ -19,6 +19,11 @@
 //! Chat-level helpers take messages and go through the model's chat template:
 //! [`Session::chat`](engine::Session::chat) with [`ChatMessage`](chat_template::ChatMessage)s.
 //!
+//! An [`Engine`] is a cheap handle on the loaded model (clone it freely); a [`Session`] owns
+//! one, so it can move to another thread. The crate's `examples/` show a minimal embed
+//! (`embed`), a chat loop over stdin (`chat`) and cancelling a generation from another thread
+//! (`cancel`): `cargo run -p pn-runtime --example chat -- MODEL.gguf`.
+//!
 //! # Cargo features
 //!
 //! - `server` (default): [`server`], the OpenAI-compatible HTTP server (`pn serve`). Brings in

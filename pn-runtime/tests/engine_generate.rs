@@ -282,6 +282,41 @@ fn sessions_on_two_threads_are_independent() {
     assert_eq!(b, alone);
 }
 
+/// A session owns a handle to its engine: it moves into a plain (not scoped) thread, and the
+/// model outlives every `Engine` value, freed with the last session.
+#[test]
+fn a_session_moves_to_a_thread_and_outlives_its_engine_value() {
+    let stop = || StopConditions::max_tokens(6);
+    let want = collect(demo(), "def add(a, b):", SamplingParams::greedy(), stop()).0;
+    let engine = Engine::load(pn_runtime::DEMO_MODEL_F16_PATH, options()).unwrap();
+    let mut session = engine.session().unwrap();
+    let other = engine.clone();
+    drop(engine);
+    let worker = std::thread::spawn(move || {
+        session
+            .generate("def add(a, b):", SamplingParams::greedy(), stop())
+            .unwrap()
+            .map(|e| e.unwrap().token)
+            .collect::<Option<Vec<u32>>>()
+            .unwrap()
+    });
+    assert_eq!(worker.join().unwrap(), want);
+    // The clone still works after the session thread is gone.
+    assert_eq!(
+        collect(&other, "def add(a, b):", SamplingParams::greedy(), stop()).0,
+        want
+    );
+}
+
+/// `e` says `what` (the library argument to change) and names no `pn` command-line flag.
+fn assert_library_words(e: &EngineError, what: &str) {
+    let msg = e.to_string();
+    assert!(msg.contains(what), "{msg}");
+    for flag in [" -m ", " -c", "--ctx-size", "--device", "--cache-type"] {
+        assert!(!msg.contains(flag), "{flag} in {msg}");
+    }
+}
+
 fn load_err(path: impl AsRef<std::path::Path>, opts: EngineOptions) -> EngineError {
     Engine::load(path, opts).expect_err("load should fail")
 }
@@ -294,6 +329,8 @@ fn load_errors_say_what_is_wrong() {
     let e = load_err(dir.join("missing.gguf"), options());
     assert!(matches!(e, EngineError::NotFound { .. }), "{e}");
     assert!(e.to_string().contains("missing.gguf"), "{e}");
+    // A library error names the library's argument, not a `pn` flag.
+    assert_library_words(&e, "Engine::load");
 
     let text = dir.join("notes.txt");
     std::fs::write(&text, "hello, not a model").unwrap();
@@ -358,6 +395,7 @@ fn load_errors_say_what_is_wrong() {
         ),
         "{e}"
     );
+    assert_library_words(&e, "EngineOptions::context to 4096 or less");
 
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -392,7 +430,7 @@ fn an_unusable_cuda_device_is_a_typed_error_naming_it() {
                 );
                 let msg = e.to_string();
                 assert!(msg.contains(&format!("cuda:{ordinal}")), "{msg}");
-                assert!(msg.contains("--device cpu"), "{msg}");
+                assert_library_words(&e, "Device::Cpu");
                 // The reason the backend gives (driver or kernels) is the one the user sees.
                 let reason = if matches!(e, EngineError::CudaNoDriver { .. }) {
                     "libcuda"
@@ -442,6 +480,7 @@ fn a_prompt_longer_than_the_context_is_an_error() {
         ),
         "{e}"
     );
+    assert_library_words(&e, "larger EngineOptions::context");
     // Filling the context ends the generation gracefully.
     let g = s
         .generate(

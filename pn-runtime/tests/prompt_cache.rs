@@ -31,7 +31,7 @@ fn source_tokens(e: &Engine) -> Vec<u32> {
 }
 
 /// Processes `tokens` as a whole sequence without generating; returns (processed, reused).
-fn prefill(s: &mut Session<'_>, tokens: &[u32]) -> (usize, usize) {
+fn prefill(s: &mut Session, tokens: &[u32]) -> (usize, usize) {
     let g = s
         .generate_sequence(
             tokens,
@@ -97,7 +97,7 @@ fn the_same_prompt_again_processes_nothing() {
     let e = demo(64, 4, None);
     let p = &source_tokens(&e)[..40];
     let mut s = e.session().unwrap();
-    let run = |s: &mut Session<'_>| {
+    let run = |s: &mut Session| {
         let g = s
             .generate_sequence(p, SamplingParams::greedy(), StopConditions::max_tokens(8))
             .unwrap();
@@ -249,7 +249,7 @@ fn chat_turns(
     }
     // The continued conversation equals a fresh session on the whole of it.
     messages.push(ChatMessage::user("Thanks."));
-    let cont = |s: &mut Session<'_>| -> Vec<u32> {
+    let cont = |s: &mut Session| -> Vec<u32> {
         s.chat(
             &messages,
             SamplingParams::greedy(),
@@ -492,7 +492,7 @@ fn seeded_speculative_sampling_is_the_same_after_a_restore() {
         seed: 7,
         ..SamplingParams::default()
     };
-    let run = |s: &mut Session<'_>| -> (Vec<u32>, usize) {
+    let run = |s: &mut Session| -> (Vec<u32>, usize) {
         let g = s
             .generate_sequence(&b[..], params.clone(), StopConditions::max_tokens(24))
             .unwrap();

@@ -59,7 +59,7 @@ fn until(n: usize) -> StopConditions {
 
 /// Runs a generation to its end: (tokens, finish).
 fn gen(
-    s: &mut Session<'_>,
+    s: &mut Session,
     prompt: Vec<u32>,
     params: SamplingParams,
     stop: StopConditions,
@@ -231,7 +231,7 @@ fn measure_demo_model_speed() {
 
 /// A session whose generation stopped at `cut` (inside a forced, always-accepted run) holds
 /// exactly the emitted tokens: its state continues exactly like a never-speculated session.
-fn check_consistent_after(engine: &Engine, prompt: &[u32], emitted: &[u32], s: &mut Session<'_>) {
+fn check_consistent_after(engine: &Engine, prompt: &[u32], emitted: &[u32], s: &mut Session) {
     let want_all = plain_greedy(engine, prompt, emitted.len() + 6);
     assert_eq!(emitted, &want_all[..emitted.len()]);
     assert_eq!(s.tokens(), [prompt, emitted].concat());
@@ -255,7 +255,7 @@ fn check_consistent_after(engine: &Engine, prompt: &[u32], emitted: &[u32], s: &
     assert!(diff < 1e-4, "logits differ by {diff}");
 }
 
-fn forced_session<'e>(engine: &'e Engine, truth: &[u32]) -> Session<'e> {
+fn forced_session(engine: &Engine, truth: &[u32]) -> Session {
     let mut s = engine.session().unwrap();
     s.set_speculation(Speculation::Mtp { draft: 4 });
     s.speculation_mut()

@@ -1,16 +1,19 @@
 //! The demo and tiny engines, loaded once per test binary, and greedy decoding through a
 //! session.
 
-use pn_runtime::engine::{Engine, EngineOptions, Session, StopConditions};
+use pn_runtime::engine::{Engine, EngineOptions, KvCacheType, Session, StopConditions};
 use pn_runtime::sampling::SamplingParams;
 use std::sync::OnceLock;
 
-/// The options of the cached engines: 2 threads, a 512-token context, the rest default
-/// (speculative decoding where the model has an MTP head).
+/// The options of the cached engines: 2 threads, a 512-token context, an f32 KV cache, the rest
+/// default (speculative decoding where the model has an MTP head). The KV cache is pinned to f32
+/// (the default is f16): these engines are compared with the oracles' full-precision logits.
 pub fn engine_options() -> EngineOptions {
     EngineOptions {
         threads: 2,
         context: 512,
+        kv_type_k: KvCacheType::F32,
+        kv_type_v: KvCacheType::F32,
         ..EngineOptions::default()
     }
 }
@@ -45,7 +48,7 @@ pub fn demo_f16_engine() -> &'static Engine {
 
 /// Feeds `prompt`, then decodes `n` greedy tokens through `Session::generate` (speculative when
 /// the engine is), end-of-generation tokens ignored so there are always `n`.
-pub fn greedy_tokens(s: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+pub fn greedy_tokens(s: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     let stop = StopConditions {
         max_tokens: Some(n),
         ignore_eog: true,

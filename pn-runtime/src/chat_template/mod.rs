@@ -23,10 +23,13 @@
 //! `None`, `0.001`), and `tojson` is `json.dumps` with Python's separators and
 //! `ensure_ascii=False`. Variables not given stay undefined (`enable_thinking is defined`).
 
+mod prompt;
 mod python;
 mod sandbox;
 mod strftime;
+mod values;
 
+pub use prompt::ChatPrompt;
 pub use sandbox::{run_worker, SubprocessSandbox, TemplateIsolation, LIMITS_ENV, WORKER_ARG};
 
 use minijinja::value::{Kwargs, ValueKind};
@@ -66,7 +69,7 @@ impl Default for TemplateLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
     /// The model file has no template and none was given.
-    #[error("the model has no chat template (tokenizer.chat_template); pass one explicitly")]
+    #[error("the model has no chat template (tokenizer.chat_template); give one with EngineOptions::chat_template or ChatTemplate::new")]
     Missing,
     /// The template text is not valid Jinja (or uses a disabled feature such as `include`).
     #[error("chat template does not compile: {0}")]
@@ -115,6 +118,9 @@ pub enum ChatTemplateError {
         /// The limit, in seconds.
         secs: f64,
     },
+    /// Tokenizing the rendered prompt failed ([`ChatTemplate::render_prompt`]).
+    #[error("tokenizing the rendered prompt: {0}")]
+    Tokenize(#[from] crate::tokenizer::TokenizerError),
     /// The sandbox worker could not be started or failed without a verdict on the template.
     #[error("chat template sandbox failed: {reason}")]
     SandboxFailed {
@@ -420,7 +426,24 @@ impl ChatTemplate {
 
     /// Renders the prompt, in this process or in the sandbox worker; both give the same text
     /// and the same errors for the same template, limits and context.
+    ///
+    /// Tool calls in `messages` whose `function.arguments` is a JSON object in a string (what
+    /// OpenAI clients send) reach the template as that object, as transformers users pass
+    /// them; other strings stay strings.
     pub fn render(&self, ctx: &TemplateContext) -> Result<String, ChatTemplateError> {
+        let parsed;
+        let ctx = match ctx.vars.iter().find(|(k, _)| k == "messages") {
+            Some((_, messages)) => match values::parse_tool_arguments(messages) {
+                Some(messages) => {
+                    let mut c = ctx.clone();
+                    c.set_value("messages", messages);
+                    parsed = c;
+                    &parsed
+                }
+                None => ctx,
+            },
+            None => ctx,
+        };
         match &self.isolation {
             TemplateIsolation::InProcess => self.render_in_process(ctx),
             TemplateIsolation::Subprocess(sandbox) => sandbox.render(self, ctx),

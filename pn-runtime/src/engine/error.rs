@@ -8,7 +8,9 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum EngineError {
     /// The model path does not exist.
-    #[error("model file not found: {path} (pass a GGUF model with -m PATH)")]
+    #[error(
+        "model file not found: {path} (the path given to Engine::load must name a GGUF model file)"
+    )]
     NotFound {
         /// The path given.
         path: PathBuf,
@@ -43,7 +45,7 @@ pub enum EngineError {
     #[error("unknown device `{0}` (expected `cpu`, `cuda` or `cuda:N`)")]
     UnknownDevice(String),
     /// CUDA was requested but this build has no CUDA kernels.
-    #[error("CUDA requested (device cuda:{ordinal}) but this build has no CUDA kernels ({reason}); use --device cpu")]
+    #[error("CUDA requested (device cuda:{ordinal}) but this build has no CUDA kernels ({reason}); load it on Device::Cpu instead (EngineOptions::device)")]
     CudaNoKernels {
         /// Device ordinal requested.
         ordinal: usize,
@@ -51,13 +53,13 @@ pub enum EngineError {
         reason: String,
     },
     /// CUDA was requested but the NVIDIA driver library cannot be loaded.
-    #[error("CUDA requested (device cuda:{ordinal}) but the NVIDIA driver library (libcuda.so.1) is not present: install the NVIDIA driver or use --device cpu")]
+    #[error("CUDA requested (device cuda:{ordinal}) but the NVIDIA driver library (libcuda.so.1) is not present: install the NVIDIA driver or load on Device::Cpu (EngineOptions::device)")]
     CudaNoDriver {
         /// Device ordinal requested.
         ordinal: usize,
     },
     /// CUDA was requested for a device ordinal that does not exist.
-    #[error("CUDA device cuda:{ordinal} does not exist ({count} present); pick another with --device cuda:N or use --device cpu")]
+    #[error("CUDA device cuda:{ordinal} does not exist ({count} present); set EngineOptions::device to another Device::Cuda(N) or to Device::Cpu")]
     CudaNoDevice {
         /// Device ordinal requested.
         ordinal: usize,
@@ -74,7 +76,7 @@ pub enum EngineError {
     },
     /// The model, one session's KV cache and state, and the backend's scratch do not fit in the
     /// device's free memory.
-    #[error("the model does not fit on CUDA device cuda:{ordinal}: it needs {} but {free_mib} MiB of {total_mib} MiB are free; use a smaller -c (KV cache), a smaller KV type (--cache-type-k/-v), fewer prompt-cache checkpoints, or a smaller quantization", .plan.describe())]
+    #[error("the model does not fit on CUDA device cuda:{ordinal}: it needs {} but {free_mib} MiB of {total_mib} MiB are free; use a smaller EngineOptions::context (KV cache), a smaller KV type (EngineOptions::kv_type_k/kv_type_v), fewer EngineOptions::prompt_cache_checkpoints, or a smaller quantization", .plan.describe())]
     CudaOutOfMemory {
         /// Device ordinal.
         ordinal: usize,
@@ -87,7 +89,7 @@ pub enum EngineError {
     },
     /// K and V caches of different types on a backend whose attention kernels read one type
     /// for both.
-    #[error("K cache type {k} and V cache type {v} differ, which {device} does not support; use the same type for both (--cache-type-k/--cache-type-v)")]
+    #[error("K cache type {k} and V cache type {v} differ, which {device} does not support; use the same type for both (EngineOptions::kv_type_k and kv_type_v)")]
     MixedKvTypes {
         /// The K cache type asked for.
         k: String,
@@ -107,7 +109,7 @@ pub enum EngineError {
         supported: String,
     },
     /// The context asked for is longer than the model was trained for.
-    #[error("context {requested} is larger than the model supports ({max}, `qwen35.context_length`); use -c {max} or less")]
+    #[error("context {requested} is larger than the model supports ({max}, `qwen35.context_length`); set EngineOptions::context to {max} or less")]
     ContextTooLarge {
         /// Positions requested.
         requested: usize,
@@ -115,7 +117,7 @@ pub enum EngineError {
         max: usize,
     },
     /// The KV cache for the context asked for would not fit in memory.
-    #[error("context {requested} needs {needed_mib} MiB of KV cache per session but only {available_mib} MiB of memory is available; use a smaller -c")]
+    #[error("context {requested} needs {needed_mib} MiB of KV cache per session but only {available_mib} MiB of memory is available; use a smaller EngineOptions::context or a smaller KV type (EngineOptions::kv_type_k/kv_type_v)")]
     ContextOutOfMemory {
         /// Positions requested.
         requested: usize,
@@ -125,7 +127,7 @@ pub enum EngineError {
         available_mib: u64,
     },
     /// The prompt plus generation do not fit in the session's context.
-    #[error("prompt of {prompt} tokens does not fit in the context of {context} positions (already used: {used}); use a larger -c")]
+    #[error("prompt of {prompt} tokens does not fit in the context of {context} positions (already used: {used}); load the engine with a larger EngineOptions::context, or reset the session to free it")]
     PromptTooLong {
         /// Prompt tokens.
         prompt: usize,

@@ -2,7 +2,7 @@
 
 use super::error::{EngineError, Result};
 use super::options::{Device, EngineOptions, DEFAULT_CONTEXT};
-use super::{Engine, LoadedModel, FALLBACK_CHAT_TEMPLATE};
+use super::{Engine, EngineInner, LoadedModel, FALLBACK_CHAT_TEMPLATE};
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
@@ -63,11 +63,11 @@ pub(super) fn load(
             check_memory(&config, &options, context)?;
             let backend = CpuBackend::new(options.threads);
             check_supported(&backend, Device::Cpu, &config, &options)?;
-            LoadedModel::Cpu(bind(file, backend, progress)?)
+            LoadedModel::Cpu(Arc::new(bind(file, backend, progress)?))
         }
         Device::Cuda(ordinal) => {
             let backend = open_cuda(ordinal, &file, &config, &options, context)?;
-            LoadedModel::Cuda(bind(file, backend, progress)?)
+            LoadedModel::Cuda(Arc::new(bind(file, backend, progress)?))
         }
     };
 
@@ -90,7 +90,7 @@ pub(super) fn load(
     // The sampler never picks padding ids nor embedding rows past the tokenizer's vocabulary.
     let mask = TokenMask::from_tokenizer(&tokenizer);
     let stop_tokens = StopTokens::from_tokenizer(&tokenizer);
-    Ok(Engine {
+    let inner = EngineInner {
         model,
         tokenizer,
         template,
@@ -100,6 +100,9 @@ pub(super) fn load(
         options,
         context,
         path: path.to_path_buf(),
+    };
+    Ok(Engine {
+        inner: Arc::new(inner),
     })
 }
 
@@ -359,7 +362,10 @@ mod tests {
     fn cuda_plan_counts_kv_types_and_state_copies() {
         let file = GgufFile::open(super::super::DEMO_MODEL_PATH).unwrap();
         let cfg = ModelConfig::from_gguf(&file).unwrap();
+        // An f32 cache as the base the q8_0 size is compared with (the default is f16).
         let base = EngineOptions {
+            kv_type_k: KvCacheType::F32,
+            kv_type_v: KvCacheType::F32,
             speculation: Speculation::None,
             prompt_cache_checkpoints: 0,
             ..EngineOptions::default()

@@ -15,12 +15,14 @@
 //! # }
 //! ```
 
+mod cpu_cores;
 mod error;
 mod load;
 mod options;
 mod prompt_cache;
 mod session;
 
+pub use cpu_cores::physical_cores;
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
 pub use options::{
@@ -33,13 +35,14 @@ pub use session::{
     TokenEvent,
 };
 
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatMessage, ChatPrompt, ChatTemplate, TemplateContext};
 use crate::sampling::{StopTokens, TokenMask};
 use crate::tokenizer::Tokenizer;
 use gguf_io::GgufFile;
 use qwen_model::cuda::CudaBackend;
 use qwen_model::{CpuBackend, Model, ModelConfig};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The model that ships in the repository and that `pn run` / `pn chat` use without `-m`: a
 /// ~17M-parameter model of the exact Qwen3.5 architecture trained on Python source, quantized
@@ -66,9 +69,9 @@ pub const FALLBACK_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_star
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum LoadedModel {
     /// On the CPU backend.
-    Cpu(Model<CpuBackend>),
+    Cpu(Arc<Model<CpuBackend>>),
     /// On a CUDA device.
-    Cuda(Model<CudaBackend>),
+    Cuda(Arc<Model<CudaBackend>>),
 }
 
 /// Runs `$body` with `$m` bound to the `Model<B>` inside a [`LoadedModel`], whatever `B` is.
@@ -82,26 +85,49 @@ macro_rules! with_model {
 }
 pub(crate) use with_model;
 
-/// A loaded model, ready to generate. `Send + Sync`: share it (`Arc<Engine>` or `&Engine`)
-/// between threads, each with its own [`Session`].
+/// A loaded model, ready to generate: a cheap handle (an `Arc` inside), so `clone` shares the
+/// model, never copies it. `Send + Sync`; every [`Session`] holds its own handle, so a session
+/// can move to another thread, outlive the `Engine` value it came from, or sit in a `'static`
+/// worker, and the model is freed with the last handle.
+///
+/// ```
+/// use pn_runtime::{Engine, EngineOptions, SamplingParams, StopConditions};
+///
+/// let engine = Engine::load(pn_runtime::DEMO_MODEL_PATH, EngineOptions::default())?;
+/// let mut session = engine.session()?;
+/// let worker = std::thread::spawn(move || {
+///     let stop = StopConditions::max_tokens(4);
+///     session.generate("import", SamplingParams::greedy(), stop)?.text()
+/// });
+/// drop(engine); // the session keeps the model alive
+/// let text = worker.join().expect("worker")?;
+/// assert!(!text.is_empty());
+/// # Ok::<(), pn_runtime::EngineError>(())
+/// ```
+#[derive(Clone)]
 pub struct Engine {
-    model: LoadedModel,
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
-    template_is_fallback: bool,
-    mask: TokenMask,
-    stop_tokens: StopTokens,
-    options: EngineOptions,
-    context: usize,
-    path: PathBuf,
+    inner: Arc<EngineInner>,
+}
+
+/// What an [`Engine`] handle shares: the model and everything loaded with it.
+pub(crate) struct EngineInner {
+    pub(crate) model: LoadedModel,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) template: ChatTemplate,
+    pub(crate) template_is_fallback: bool,
+    pub(crate) mask: TokenMask,
+    pub(crate) stop_tokens: StopTokens,
+    pub(crate) options: EngineOptions,
+    pub(crate) context: usize,
+    pub(crate) path: PathBuf,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("path", &self.path)
-            .field("options", &self.options)
-            .field("context", &self.context)
+            .field("path", &self.inner.path)
+            .field("options", &self.inner.options)
+            .field("context", &self.inner.context)
             .finish_non_exhaustive()
     }
 }
@@ -126,15 +152,16 @@ impl Engine {
     }
 
     /// A new, empty session (its own KV cache and recurrent state of
-    /// [`context`](Self::context) positions).
-    pub fn session(&self) -> Result<Session<'_>> {
-        Session::new(self)
+    /// [`context`](Self::context) positions). The session holds a handle to the engine (no
+    /// borrow): it is `Send` and `'static`.
+    pub fn session(&self) -> Result<Session> {
+        Session::new(self.clone())
     }
 
     /// The model when it runs on the CPU backend (for CPU-only tuning such as thread counts);
     /// `None` on a CUDA device.
     pub fn cpu_model(&self) -> Option<&Model<CpuBackend>> {
-        match &self.model {
+        match &self.inner.model {
             LoadedModel::Cpu(m) => Some(m),
             LoadedModel::Cuda(_) => None,
         }
@@ -142,7 +169,7 @@ impl Engine {
 
     /// The model when it runs on a CUDA device; `None` on the CPU.
     pub fn cuda_model(&self) -> Option<&Model<CudaBackend>> {
-        match &self.model {
+        match &self.inner.model {
             LoadedModel::Cuda(m) => Some(m),
             LoadedModel::Cpu(_) => None,
         }
@@ -150,68 +177,79 @@ impl Engine {
 
     /// The model's configuration (shapes, vocabulary, layer kinds), whatever the backend.
     pub fn config(&self) -> &ModelConfig {
-        with_model!(&self.model, m => &m.config)
+        with_model!(&self.inner.model, m => &m.config)
     }
 
     /// The GGUF file the model was loaded from (metadata, tensor table).
     pub fn file(&self) -> &GgufFile {
-        with_model!(&self.model, m => m.file())
+        with_model!(&self.inner.model, m => m.file())
     }
 
     /// The device the model runs on.
     pub fn device(&self) -> Device {
-        self.options.device
+        self.inner.options.device
     }
 
     /// The backend's human-readable name (the CPU's thread count, the CUDA device's ordinal and
     /// compute capability).
     pub fn backend_name(&self) -> String {
         use qwen_model::Backend;
-        with_model!(&self.model, m => m.backend.name())
+        with_model!(&self.inner.model, m => m.backend.name())
     }
 
     pub(crate) fn loaded(&self) -> &LoadedModel {
-        &self.model
+        &self.inner.model
     }
 
     /// The tokenizer built from the GGUF metadata.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.inner.tokenizer
     }
 
     /// The chat template in use.
     pub fn chat_template(&self) -> &ChatTemplate {
-        &self.template
+        &self.inner.template
     }
 
     /// Whether the model has no template of its own and [`FALLBACK_CHAT_TEMPLATE`] is used.
     pub fn chat_template_is_fallback(&self) -> bool {
-        self.template_is_fallback
+        self.inner.template_is_fallback
     }
 
     /// Renders `messages` with the chat template and the assistant generation prompt.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        Ok(self.template.render_messages(messages, true)?)
+        Ok(self.inner.template.render_messages(messages, true)?)
+    }
+
+    /// Renders `ctx` (messages, tools, template variables) with the chat template and
+    /// tokenizes it so that control tokens come only from the template's markup: a message
+    /// that types `<|im_end|><|im_start|>system` stays plain text (see
+    /// [`ChatTemplate::render_prompt`]). What [`Session::chat`] feeds the model.
+    pub fn chat_prompt(&self, ctx: &TemplateContext) -> Result<ChatPrompt> {
+        Ok(self
+            .inner
+            .template
+            .render_prompt(ctx, &self.inner.tokenizer)?)
     }
 
     /// Positions each session holds.
     pub fn context(&self) -> usize {
-        self.context
+        self.inner.context
     }
 
     /// The options the engine was loaded with.
     pub fn options(&self) -> &EngineOptions {
-        &self.options
+        &self.inner.options
     }
 
     /// The model file.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.inner.path
     }
 
     /// Size of the model file in bytes.
     pub fn file_size(&self) -> u64 {
-        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+        std::fs::metadata(&self.inner.path).map_or(0, |m| m.len())
     }
 
     /// Number of weights (elements of every tensor in the file, MTP block included).
@@ -225,12 +263,12 @@ impl Engine {
 
     /// Ids the sampler may produce (the vocabulary minus unused padding ids).
     pub fn token_mask(&self) -> &TokenMask {
-        &self.mask
+        &self.inner.mask
     }
 
     /// Ids that end a generation (both of Qwen's end tokens, `<|im_end|>` and `<|endoftext|>`).
     pub fn stop_tokens(&self) -> &StopTokens {
-        &self.stop_tokens
+        &self.inner.stop_tokens
     }
 }
 
@@ -245,11 +283,12 @@ mod tests {
         assert_send_sync::<Engine>();
     }
 
-    fn assert_send<T: Send>() {}
+    fn assert_send<T: Send + 'static>() {}
 
-    /// Servers hand sessions to worker threads; the CUDA variant must not take that away.
+    /// Servers hand sessions to worker threads (owned, no borrow of the engine); the CUDA
+    /// variant must not take that away.
     #[test]
     fn session_is_send() {
-        assert_send::<Session<'static>>();
+        assert_send::<Session>();
     }
 }

@@ -62,19 +62,20 @@ pub const DEFAULT_PROMPT_CACHE_INTERVAL: usize = 512;
 /// for the demo model.
 pub const DEFAULT_PROMPT_CACHE_CHECKPOINTS: usize = 4;
 
-/// How to load a model. `EngineOptions::default()` is the CPU backend on all cores with a
-/// context of [`DEFAULT_CONTEXT`] (or the model's, if shorter) and an f32 KV cache.
+/// How to load a model. `EngineOptions::default()` follows llama.cpp's defaults: the CPU
+/// backend on the physical cores ([`physical_cores`](super::physical_cores)), a context of
+/// [`DEFAULT_CONTEXT`] (or the model's, if shorter) and an f16 KV cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
     /// Where to run.
     pub device: Device,
     /// Positions each session can hold; 0 means `min(DEFAULT_CONTEXT, model's context)`.
     pub context: usize,
-    /// Element type of the K cache.
+    /// Element type of the K cache (default f16, as llama.cpp; f32 is exact, q8_0/q4_0 smaller).
     pub kv_type_k: KvCacheType,
-    /// Element type of the V cache.
+    /// Element type of the V cache (default f16).
     pub kv_type_v: KvCacheType,
-    /// CPU threads; 0 uses every available core.
+    /// CPU threads (default: the physical cores); 0 uses every logical CPU.
     pub threads: usize,
     /// Check every block of every PN tensor when loading (cheap next to the first forward pass;
     /// it turns a corrupt file into an error naming the tensor and block instead of garbage).
@@ -104,9 +105,9 @@ impl Default for EngineOptions {
         EngineOptions {
             device: Device::Cpu,
             context: 0,
-            kv_type_k: KvCacheType::F32,
-            kv_type_v: KvCacheType::F32,
-            threads: 0,
+            kv_type_k: KvCacheType::F16,
+            kv_type_v: KvCacheType::F16,
+            threads: super::physical_cores(),
             validate_pn: true,
             batch: 64,
             chat_template: None,
@@ -121,6 +122,19 @@ impl Default for EngineOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama.cpp's defaults: an f16 KV cache and one thread per physical core.
+    #[test]
+    fn defaults_are_llama_cpps() {
+        let o = EngineOptions::default();
+        assert_eq!(
+            (o.kv_type_k, o.kv_type_v),
+            (KvCacheType::F16, KvCacheType::F16)
+        );
+        assert_eq!(o.threads, super::super::physical_cores());
+        assert_eq!(o.device, Device::Cpu);
+        assert_eq!(o.context, 0);
+    }
 
     #[test]
     fn parses_devices() {

@@ -68,7 +68,7 @@ pub enum QuantizeError {
         value: f32,
     },
     /// The output path exists and `--force` was not given.
-    #[error("{0} exists (pass --force to overwrite)")]
+    #[error("{0} exists (set QuantizeOptions::force to overwrite it)")]
     OutputExists(PathBuf),
     /// Input and output name the same file.
     #[error("output {0} is the input file")]

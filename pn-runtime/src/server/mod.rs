@@ -12,8 +12,7 @@
 //! use pn_runtime::server::{serve, ServerConfig};
 //! use pn_runtime::{Engine, EngineOptions};
 //!
-//! let engine: &'static Engine =
-//!     Box::leak(Box::new(Engine::load(pn_runtime::DEMO_MODEL_PATH, EngineOptions::default())?));
+//! let engine = Engine::load(pn_runtime::DEMO_MODEL_PATH, EngineOptions::default())?;
 //! serve(engine, ServerConfig::default())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -98,7 +97,7 @@ pub type SlotHook = Arc<dyn Fn(&[u32]) + Send + Sync>;
 
 /// Runs the server until SIGINT or SIGTERM. Prints `pn serve: listening on http://ADDR` on
 /// stdout once the socket is bound (with `port: 0`, ADDR has the port chosen).
-pub fn serve(engine: &'static Engine, config: ServerConfig) -> Result<(), ServerError> {
+pub fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServerError> {
     let addr = format!("{}:{}", config.host, config.port);
     start_runtime(&addr)?.block_on(run(engine, config, &addr, None, None))
 }
@@ -118,7 +117,7 @@ pub fn serve(engine: &'static Engine, config: ServerConfig) -> Result<(), Server
 /// and gets the same 500) with nothing test-specific in production code.
 pub fn serve_on(
     listener: std::net::TcpListener,
-    engine: &'static Engine,
+    engine: Engine,
     config: ServerConfig,
     before_generate: Option<SlotHook>,
 ) -> Result<(), ServerError> {
@@ -143,7 +142,7 @@ fn start_runtime(addr: &str) -> Result<tokio::runtime::Runtime, ServerError> {
 }
 
 async fn run(
-    engine: &'static Engine,
+    engine: Engine,
     config: ServerConfig,
     addr: &str,
     listener: Option<std::net::TcpListener>,
@@ -163,7 +162,7 @@ async fn run(
     };
     let metrics = Arc::new(metrics::Metrics::default());
     let scheduler = scheduler::Scheduler::start(
-        engine,
+        &engine,
         scheduler::SlotConfig {
             n_slots: config.parallel,
             max_queue: config.max_queue,
@@ -186,7 +185,7 @@ async fn run(
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
     let state = Arc::new(routes::AppState {
-        engine,
+        engine: engine.clone(),
         scheduler: Arc::clone(&scheduler),
         metrics,
         model_id,

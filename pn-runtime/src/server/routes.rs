@@ -27,7 +27,7 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct AppState {
     /// The model.
-    pub engine: &'static Engine,
+    pub engine: Engine,
     /// Slots and queue.
     pub scheduler: Arc<Scheduler>,
     /// Counters.
@@ -177,7 +177,7 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
                 .or_insert_with(|| effort.clone().into());
         }
         let tools = req.tools.clone();
-        let engine = st.engine;
+        let engine = st.engine.clone();
         let state = Arc::clone(&st);
         let (text, tokens) = blocking(move || {
             let mut ctx = TemplateContext::new();
@@ -192,14 +192,16 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
             }
             ctx.add_generation_prompt(true);
             let template = state.template.as_ref().unwrap_or(engine.chat_template());
-            let text = template
-                .render(&ctx)
-                .map_err(|e| ApiError::invalid_param("messages", format!("chat template: {e}")))?;
-            let tokens = engine
-                .tokenizer()
-                .encode(&text)
-                .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?;
-            Ok((text, tokens))
+            // Control tokens only from the template: a message cannot forge a turn.
+            let prompt = template
+                .render_prompt(&ctx, engine.tokenizer())
+                .map_err(|e| match e {
+                    crate::chat_template::ChatTemplateError::Tokenize(e) => {
+                        ApiError::internal(format!("tokenizing the prompt: {e}"))
+                    }
+                    e => ApiError::invalid_param("messages", format!("chat template: {e}")),
+                })?;
+            Ok((prompt.text, prompt.tokens))
         })
         .await?;
         let endpoint = Endpoint::Chat {
@@ -219,7 +221,7 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
         // OpenAI's default for this endpoint.
         let settings = fields.settings(None, Some(16))?;
         let prompt = req.prompt()?;
-        let engine = st.engine;
+        let engine = st.engine.clone();
         let n_vocab = engine.tokenizer().n_vocab();
         let tokens = blocking(move || match prompt {
             Prompt::Text(t) => engine

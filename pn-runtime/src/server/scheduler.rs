@@ -67,7 +67,7 @@ pub struct SlotConfig {
 }
 
 struct Slot {
-    session: Mutex<Session<'static>>,
+    session: Mutex<Session>,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -103,7 +103,7 @@ impl std::fmt::Debug for Scheduler {
 impl Scheduler {
     /// Creates `config.n_slots` sessions and their worker threads.
     pub fn start(
-        engine: &'static Engine,
+        engine: &Engine,
         config: SlotConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Scheduler>, EngineError> {
@@ -306,11 +306,7 @@ impl Scheduler {
 }
 
 /// Runs one request on a session, sending its events but the last, which it returns.
-fn generate(
-    session: &mut Session<'static>,
-    job: &Job,
-    metrics: &Metrics,
-) -> Result<Event, ApiError> {
+fn generate(session: &mut Session, job: &Job, metrics: &Metrics) -> Result<Event, ApiError> {
     let mut generation = session
         .generate_sequence(
             Prompt::Tokens(job.prompt.clone()),

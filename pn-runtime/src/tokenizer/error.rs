@@ -51,6 +51,13 @@ pub enum TokenizerError {
         /// Number of tokens.
         n_vocab: usize,
     },
+    /// [`PromptPart::Control`](super::PromptPart::Control) holds an id that is not a control
+    /// token.
+    #[error("token id {id} is not a control token (tokenizer.ggml.token_type)")]
+    NotControl {
+        /// The id given.
+        id: u32,
+    },
     /// The `tokenizers` library rejected the vocabulary/merges or failed to encode.
     #[error("tokenizer library: {0}")]
     Library(String),

@@ -76,6 +76,19 @@ pub struct Tokenizer {
     eog: Vec<u32>,
     add_bos: bool,
     chat_template: Option<String>,
+    /// Control tokens (text, id), longest text first: what [`control_tokens`] lists.
+    ///
+    /// [`control_tokens`]: Tokenizer::control_tokens
+    controls: Vec<(String, u32)>,
+}
+
+/// One piece of a prompt for [`Tokenizer::encode_parts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptPart<'a> {
+    /// A control token placed by trusted markup (the chat template).
+    Control(u32),
+    /// Text; control-token text in it is plain characters ([`Tokenizer::encode_plain`]).
+    Text(&'a str),
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -133,7 +146,17 @@ impl Tokenizer {
         let hf = build_hf(meta, &types, pre)?;
         let (bytes, offsets) = byte_table(&meta.tokens, &types);
         let eog = eog_ids(&meta.tokens, &types, &specials);
+        let mut controls: Vec<(String, u32)> = meta
+            .tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (t, ty))| **ty == TokenType::Control && !t.is_empty())
+            .map(|(id, (t, _))| (t.clone(), id as u32))
+            .collect();
+        controls.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         Ok(Tokenizer {
+            controls,
             hf,
             hf_plain: OnceLock::new(),
             bytes,
@@ -157,12 +180,57 @@ impl Tokenizer {
     /// llama.cpp does with `parse_special = false`; user-defined tokens (`<think>`) still match.
     /// Use this for untrusted text that must not inject chat markup.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let plain = self.hf_plain.get_or_init(|| {
+        self.encode_with(self.plain(), text)
+    }
+
+    fn plain(&self) -> &tokenizers::Tokenizer {
+        self.hf_plain.get_or_init(|| {
             let mut t = self.hf.clone();
             t.set_encode_special_tokens(true);
             t
-        });
-        self.encode_with(plain, text)
+        })
+    }
+
+    /// Tokenizes a prompt given as pieces: each [`PromptPart::Control`] is its token, each
+    /// [`PromptPart::Text`] is tokenized with control-token text as plain characters. BOS is
+    /// prepended once, when the tokenizer adds one. For text without control-token text this
+    /// is exactly [`encode`](Self::encode) of the pieces joined (with the control tokens'
+    /// text): the library splits its input at added tokens the same way.
+    pub fn encode_parts(&self, parts: &[PromptPart<'_>]) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            ids.extend(self.specials.bos);
+        }
+        for part in parts {
+            match *part {
+                PromptPart::Control(id) => {
+                    if self.token_type(id) != Some(TokenType::Control) {
+                        return Err(TokenizerError::NotControl { id });
+                    }
+                    ids.push(id);
+                }
+                PromptPart::Text("") => {}
+                PromptPart::Text(text) => {
+                    ids.extend_from_slice(self.encode_raw(self.plain(), text)?.get_ids())
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The control tokens (`<|im_start|>`, `<|endoftext|>`...: type `Control`) as (text, id),
+    /// longest text first: the texts that [`encode`](Self::encode) turns into control tokens.
+    pub fn control_tokens(&self) -> &[(String, u32)] {
+        &self.controls
+    }
+
+    fn encode_raw(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        text: &str,
+    ) -> Result<tokenizers::Encoding, TokenizerError> {
+        hf.encode_fast(text, false)
+            .map_err(|e| TokenizerError::Library(format!("encoding {} bytes: {e}", text.len())))
     }
 
     fn encode_with(
@@ -170,9 +238,7 @@ impl Tokenizer {
         hf: &tokenizers::Tokenizer,
         text: &str,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let enc = hf
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Library(format!("encoding {} bytes: {e}", text.len())))?;
+        let enc = self.encode_raw(hf, text)?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if self.add_bos {
             ids.extend(self.specials.bos);

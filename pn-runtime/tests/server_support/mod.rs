@@ -56,9 +56,7 @@ impl Server {
             threads: 2,
             ..EngineOptions::default()
         };
-        let engine: &'static Engine = Box::leak(Box::new(
-            Engine::load(pn_runtime::DEMO_MODEL_PATH, options).expect("demo model"),
-        ));
+        let engine = Engine::load(pn_runtime::DEMO_MODEL_PATH, options).expect("demo model");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         std::thread::spawn(move || {

@@ -99,7 +99,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn stream_reply(
-    session: &mut pn_runtime::Session<'_>,
+    session: &mut pn_runtime::Session,
     messages: &[ChatMessage],
     args: &Args,
     stop: StopConditions,

@@ -53,8 +53,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let engine = engine_args::load_engine(&args.model, true)?;
-    // The server runs until the process exits; its slot threads borrow the engine for good.
-    let engine: &'static _ = Box::leak(Box::new(engine));
     let config = ServerConfig {
         host: args.host,
         port: args.port,

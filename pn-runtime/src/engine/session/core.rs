@@ -8,15 +8,16 @@ use crate::engine::Engine;
 use crate::sampling::Sampler;
 use crate::speculative::{SpecControl, SpecDecoder, SpecStats, Speculation, StepInput};
 use qwen_model::{Backend, Model, Outputs, State, Workspace};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What [`Session`](super::Session) and [`Generation`](super::Generation) ask of the session
 /// core of the engine's backend. `SessionCore<B>` implements it for every backend `B`; the
 /// session holds a `Box<dyn CoreOps>`, so the device is picked once, when the session is made,
 /// instead of at every call.
-pub(super) trait CoreOps<'e>: Send {
+pub(super) trait CoreOps: Send {
     /// The engine the session runs on.
-    fn engine(&self) -> &'e Engine;
+    fn engine(&self) -> &Engine;
     /// A sampled token not yet processed.
     fn pending(&self) -> Option<u32>;
     /// Sets the long-prompt progress callback.
@@ -81,9 +82,11 @@ pub(super) struct SpecRun {
 
 /// A session on backend `B`: everything [`Session`](super::Session) does, written once for
 /// every backend.
-pub(super) struct SessionCore<'e, B: Backend> {
-    engine: &'e Engine,
-    model: &'e Model<B>,
+pub(super) struct SessionCore<B: Backend> {
+    /// A handle on the engine (tokenizer, options), keeping the model alive.
+    engine: Engine,
+    /// The engine's model on backend `B` (the same one `engine` holds, typed).
+    model: Arc<Model<B>>,
     state: State<B>,
     ws: Workspace<B>,
     /// Tokens the state has processed.
@@ -101,11 +104,9 @@ pub(super) struct SessionCore<'e, B: Backend> {
     spec: Option<SpecDecoder<B>>,
 }
 
-impl<'e, B: Backend> SessionCore<'e, B> {
-    pub(super) fn new(engine: &'e Engine, model: &'e Model<B>) -> Result<SessionCore<'e, B>> {
+impl<B: Backend> SessionCore<B> {
+    pub(super) fn new(engine: Engine, model: Arc<Model<B>>) -> Result<SessionCore<B>> {
         Ok(SessionCore {
-            engine,
-            model,
             state: model.new_state_with_kv_types(
                 engine.context(),
                 engine.options().kv_type_k,
@@ -121,7 +122,9 @@ impl<'e, B: Backend> SessionCore<'e, B> {
                 engine.options().prompt_cache_checkpoints,
             ),
             progress: None,
-            spec: SpecDecoder::for_model(model, engine.options().speculation),
+            spec: SpecDecoder::for_model(&model, engine.options().speculation),
+            engine,
+            model,
         })
     }
 
@@ -131,7 +134,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
         let n = self.fed.len();
         if self.state.pos() > n {
             let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
-            sp.rollback_to(self.model, &mut self.state, &mut self.ws, n)?;
+            sp.rollback_to(&self.model, &mut self.state, &mut self.ws, n)?;
         }
         Ok(())
     }
@@ -141,7 +144,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
     /// prompt-cache checkpoint is taken; a mark at the current position is taken first.
     fn run_tokens(&mut self, all: &[u32], marks: &[usize]) -> Result<()> {
         self.settle_spec()?;
-        let m = self.model;
+        let m = &*self.model;
         let total = all.len();
         let step = self.ws.max_rows();
         let start = self.fed.len();
@@ -201,7 +204,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
             marks.dedup();
         }
         self.run_tokens(all, &marks)?;
-        let m = self.model;
+        let m = &*self.model;
         self.cache.insert(
             &self.state,
             &m.config,
@@ -258,7 +261,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
     /// Checkpoints past the common prefix are dropped (their KV rows get overwritten).
     fn rewind_to_prefix_of(&mut self, full: &[u32]) -> Result<usize> {
         let common = common_prefix(&self.fed, full);
-        let m = self.model;
+        let m = &*self.model;
         let reused = match self.plan(full) {
             Start::Live(n) => n,
             Start::Checkpoint(pos) => {
@@ -325,7 +328,7 @@ impl<'e, B: Backend> SessionCore<'e, B> {
             max_draft: budget.min(room),
         };
         let (accepted, next) =
-            sp.step(self.model, &mut self.state, &mut self.ws, sampler, input)?;
+            sp.step(&self.model, &mut self.state, &mut self.ws, sampler, input)?;
         run.base = self.fed.len();
         run.tokens.clear();
         run.tokens.push(x_n);
@@ -336,12 +339,12 @@ impl<'e, B: Backend> SessionCore<'e, B> {
     }
 }
 
-impl<'e, B: Backend> CoreOps<'e> for SessionCore<'e, B>
+impl<B: Backend> CoreOps for SessionCore<B>
 where
-    SessionCore<'e, B>: Send,
+    SessionCore<B>: Send,
 {
-    fn engine(&self) -> &'e Engine {
-        self.engine
+    fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     fn pending(&self) -> Option<u32> {
@@ -353,7 +356,7 @@ where
     }
 
     fn set_speculation(&mut self, spec: Speculation) {
-        self.spec = SpecDecoder::for_model(self.model, spec);
+        self.spec = SpecDecoder::for_model(&self.model, spec);
     }
 
     fn speculation_mut(&mut self) -> Option<&mut dyn SpecControl> {
@@ -397,7 +400,7 @@ where
     }
 
     fn reset(&mut self) -> Result<()> {
-        let m = self.model;
+        let m = &*self.model;
         self.fed.clear();
         self.pending = None;
         self.has_logits = false;
@@ -426,7 +429,7 @@ where
             return Err(EngineError::EmptyPrompt);
         }
         self.check_room(tokens.len())?;
-        let model = self.model;
+        let model = &*self.model;
         let vocab = model.config.vocab;
         let mut out = vec![0.0f32; tokens.len() * vocab];
         let step = self.ws.max_rows();

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 /// A streaming generation: an iterator of [`TokenEvent`]s, ending after the event that carries
 /// the [`FinishReason`].
-pub struct Generation<'s, 'e> {
-    session: &'s mut Session<'e>,
+pub struct Generation<'s> {
+    session: &'s mut Session,
     sampler: Sampler,
     stop_tokens: StopTokens,
     stop_strings: StopStrings,
@@ -26,7 +26,7 @@ pub struct Generation<'s, 'e> {
     run: SpecRun,
 }
 
-impl std::fmt::Debug for Generation<'_, '_> {
+impl std::fmt::Debug for Generation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Generation")
             .field("timings", &self.timings)
@@ -35,9 +35,9 @@ impl std::fmt::Debug for Generation<'_, '_> {
     }
 }
 
-impl<'s, 'e> Generation<'s, 'e> {
+impl<'s> Generation<'s> {
     pub(super) fn new(
-        session: &'s mut Session<'e>,
+        session: &'s mut Session,
         params: SamplingParams,
         stop: StopConditions,
         prompt: PromptRun,
@@ -187,7 +187,7 @@ impl<'s, 'e> Generation<'s, 'e> {
     }
 }
 
-impl Iterator for Generation<'_, '_> {
+impl Iterator for Generation<'_> {
     type Item = Result<TokenEvent>;
 
     fn next(&mut self) -> Option<Result<TokenEvent>> {

@@ -16,21 +16,22 @@ pub use request::{
 use self::core::{CoreOps, SessionCore};
 use super::error::Result;
 use super::{Engine, LoadedModel};
-use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatMessage, TemplateContext};
 use crate::sampling::SamplingParams;
 use crate::speculative::{SpecControl, Speculation};
+use std::sync::Arc;
 
 /// One sequence: its KV cache and recurrent state, the tokens it holds, and the logits of its
 /// last position. Sessions of one engine are independent of each other.
 ///
 /// The same on every device: the sequence logic lives in a session core generic over the
 /// backend, and this type picks the core of the engine's device.
-pub struct Session<'e> {
+pub struct Session {
     /// The `SessionCore<B>` of the engine's backend `B`, picked once in [`Session::new`].
-    core: Box<dyn CoreOps<'e> + 'e>,
+    core: Box<dyn CoreOps>,
 }
 
-impl std::fmt::Debug for Session<'_> {
+impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("tokens", &self.len())
@@ -41,17 +42,23 @@ impl std::fmt::Debug for Session<'_> {
     }
 }
 
-impl<'e> Session<'e> {
-    pub(super) fn new(engine: &'e Engine) -> Result<Session<'e>> {
+impl Session {
+    pub(super) fn new(engine: Engine) -> Result<Session> {
         let core = match engine.loaded() {
-            LoadedModel::Cpu(m) => Box::new(SessionCore::new(engine, m)?) as Box<dyn CoreOps<'e>>,
-            LoadedModel::Cuda(m) => Box::new(SessionCore::new(engine, m)?),
+            LoadedModel::Cpu(m) => {
+                let m = Arc::clone(m);
+                Box::new(SessionCore::new(engine, m)?) as Box<dyn CoreOps>
+            }
+            LoadedModel::Cuda(m) => {
+                let m = Arc::clone(m);
+                Box::new(SessionCore::new(engine, m)?)
+            }
         };
         Ok(Session { core })
     }
 
-    /// The engine this session runs on.
-    pub fn engine(&self) -> &'e Engine {
+    /// The engine this session runs on (clone it for a handle of your own).
+    pub fn engine(&self) -> &Engine {
         self.core.engine()
     }
 
@@ -140,7 +147,7 @@ impl<'e> Session<'e> {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
         stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
+    ) -> Result<Generation<'_>> {
         let tokens = self.tokenize(prompt.into())?;
         let run = self.core.start_append(&tokens)?;
         Ok(Generation::new(self, params, stop, run))
@@ -155,7 +162,7 @@ impl<'e> Session<'e> {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
         stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
+    ) -> Result<Generation<'_>> {
         let full = self.tokenize(prompt.into())?;
         let run = self.core.start_sequence(&full)?;
         Ok(Generation::new(self, params, stop, run))
@@ -171,7 +178,9 @@ impl<'e> Session<'e> {
     }
 
     /// Renders `messages` with the model's chat template (plus the assistant generation prompt)
-    /// and streams the assistant's reply. The session keeps the conversation: call again with
+    /// and streams the assistant's reply. Control tokens come only from the template: text in
+    /// a message that looks like chat markup is tokenized as plain text
+    /// ([`Engine::chat_prompt`](crate::engine::Engine::chat_prompt)). The session keeps the conversation: call again with
     /// the reply and the next user message appended, and only the tokens after the reusable
     /// prefix are processed (after the session's tokens when the rendering extends them, else
     /// after the prompt-cache checkpoint before the last turn's assistant reply, for templates
@@ -181,10 +190,11 @@ impl<'e> Session<'e> {
         messages: &[ChatMessage],
         params: SamplingParams,
         stop: StopConditions,
-    ) -> Result<Generation<'_, 'e>> {
-        let text = self.engine().render_chat(messages)?;
-        let full = self.engine().tokenizer().encode(&text)?;
-        let run = self.core.start_sequence(&full)?;
+    ) -> Result<Generation<'_>> {
+        let mut ctx = TemplateContext::with_messages(messages);
+        ctx.add_generation_prompt(true);
+        let prompt = self.engine().chat_prompt(&ctx)?;
+        let run = self.core.start_sequence(&prompt.tokens)?;
         Ok(Generation::new(self, params, stop, run))
     }
 }
