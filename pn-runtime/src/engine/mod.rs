@@ -125,6 +125,18 @@ impl Engine {
         load::load(path.as_ref(), options, progress)
     }
 
+    /// [`load_with_progress`](Self::load_with_progress) from a GGUF already open, such as one
+    /// embedded in the executable ([`GgufFile::from_static`]); `name` stands for its path in
+    /// errors and in [`path`](Self::path).
+    pub fn load_gguf(
+        file: GgufFile,
+        name: impl Into<PathBuf>,
+        options: EngineOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Engine> {
+        load::load_file(file, name.into(), options, progress)
+    }
+
     /// A new, empty session (its own KV cache and recurrent state of
     /// [`context`](Self::context) positions).
     pub fn session(&self) -> Result<Session<'_>> {
@@ -209,9 +221,9 @@ impl Engine {
         &self.path
     }
 
-    /// Size of the model file in bytes.
+    /// Size of the model file (or embedded bytes) in bytes.
     pub fn file_size(&self) -> u64 {
-        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+        self.file().file_len()
     }
 
     /// Number of weights (elements of every tensor in the file, MTP block included).
