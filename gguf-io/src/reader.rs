@@ -96,6 +96,8 @@ impl<'a> TensorView<'a> {
 enum Backing {
     Mmap(memmap2::Mmap),
     Owned(Vec<u8>),
+    /// Bytes that live as long as the program (a model embedded with `include_bytes!`).
+    Static(&'static [u8]),
 }
 
 impl Backing {
@@ -103,6 +105,7 @@ impl Backing {
         match self {
             Backing::Mmap(m) => m,
             Backing::Owned(v) => v,
+            Backing::Static(s) => s,
         }
     }
 }
@@ -184,6 +187,21 @@ impl GgufFile {
         let header = parse(&bytes)?;
         Ok(GgufFile {
             backing: Backing::Owned(bytes),
+            header,
+        })
+    }
+
+    /// Parses a GGUF that lives as long as the program, such as a model embedded in the
+    /// executable with `include_bytes!`, without copying it: tensors are borrowed in place as
+    /// from a memory map. Same checks as [`GgufFile::open`].
+    ///
+    /// Tensor data is handed out at its offset from the start of `bytes`, so the backends that
+    /// read it as `f32`/`f16` words need `bytes` to start on a boundary at least as strict as
+    /// the file's alignment: embed it in a `#[repr(C, align(64))]` wrapper.
+    pub fn from_static(bytes: &'static [u8]) -> Result<GgufFile, GgufError> {
+        let header = parse(bytes)?;
+        Ok(GgufFile {
+            backing: Backing::Static(bytes),
             header,
         })
     }

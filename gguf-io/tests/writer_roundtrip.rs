@@ -277,3 +277,26 @@ fn skipped_tensors_leave_zeros_and_full_length() {
     assert_eq!(f.tensor("c").unwrap().bytes, &[0u8; 8]);
     assert_eq!(f.file_len(), f.data_offset() + 64 + 32);
 }
+
+/// A file borrowed from `'static` bytes (an embedded model) reads exactly as the same bytes
+/// opened from disk, with its tensors in place (no copy).
+#[test]
+fn static_bytes_read_as_the_file() {
+    let path = pn_tests::data("real-gguf", "slices.gguf");
+    let bytes: &'static [u8] = Box::leak(std::fs::read(&path).unwrap().into_boxed_slice());
+    let f = GgufFile::from_static(bytes).unwrap();
+    let disk = GgufFile::open(&path).unwrap();
+    assert_eq!(f.file_len(), disk.file_len());
+    assert_eq!(f.metadata(), disk.metadata());
+    assert_eq!(f.tensor_infos(), disk.tensor_infos());
+    for (a, b) in f.tensors().zip(disk.tensors()) {
+        assert_eq!(a.bytes, b.bytes, "{}", a.name);
+        let range = bytes.as_ptr_range();
+        assert!(
+            range.contains(&a.bytes.as_ptr()) || a.bytes.is_empty(),
+            "{}",
+            a.name
+        );
+    }
+    assert!(GgufFile::from_static(b"GGUF\x03\0\0\0").is_err());
+}

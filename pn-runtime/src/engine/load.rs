@@ -11,7 +11,7 @@ use qwen_model::cuda::{CudaBackend, CudaError, MemoryPlan};
 use qwen_model::{
     Backend, CpuBackend, KvCacheType, Model, ModelConfig, ModelError, Requirements, Unsupported,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Where loading is, for a progress bar: `done` of `total` units of the current `stage`.
@@ -43,12 +43,24 @@ pub(super) fn load(
         },
         e => EngineError::Gguf(e),
     })?;
+    load_file(file, path.to_path_buf(), options, progress)
+}
+
+/// Loads from a GGUF already open (a file or bytes embedded in the executable); `path` names it
+/// in errors and in [`Engine::path`].
+pub(super) fn load_file(
+    file: GgufFile,
+    path: PathBuf,
+    options: EngineOptions,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Engine> {
+    check_device(&options)?;
     let arch = file
         .get_str("general.architecture")
         .map_err(EngineError::Gguf)?;
     if arch != "qwen35" {
         return Err(EngineError::WrongArchitecture {
-            path: path.to_path_buf(),
+            path,
             found: arch.to_string(),
         });
     }
@@ -99,7 +111,7 @@ pub(super) fn load(
         stop_tokens,
         options,
         context,
-        path: path.to_path_buf(),
+        path,
     };
     Ok(Engine {
         inner: Arc::new(inner),

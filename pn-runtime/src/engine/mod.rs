@@ -151,6 +151,18 @@ impl Engine {
         load::load(path.as_ref(), options, progress)
     }
 
+    /// [`load_with_progress`](Self::load_with_progress) from a GGUF already open, such as one
+    /// embedded in the executable ([`GgufFile::from_static`]); `name` stands for its path in
+    /// errors and in [`path`](Self::path).
+    pub fn load_gguf(
+        file: GgufFile,
+        name: impl Into<PathBuf>,
+        options: EngineOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Engine> {
+        load::load_file(file, name.into(), options, progress)
+    }
+
     /// A new, empty session (its own KV cache and recurrent state of
     /// [`context`](Self::context) positions). The session holds a handle to the engine (no
     /// borrow): it is `Send` and `'static`.
@@ -247,9 +259,9 @@ impl Engine {
         &self.inner.path
     }
 
-    /// Size of the model file in bytes.
+    /// Size of the model file (or embedded bytes) in bytes.
     pub fn file_size(&self) -> u64 {
-        std::fs::metadata(&self.inner.path).map_or(0, |m| m.len())
+        self.file().file_len()
     }
 
     /// Number of weights (elements of every tensor in the file, MTP block included).

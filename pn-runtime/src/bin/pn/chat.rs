@@ -4,8 +4,11 @@
 //! quits; Ctrl-C during a reply stops that reply and keeps the session, Ctrl-C at the prompt
 //! quits. After each reply a line on stderr says how many prompt tokens were processed and how
 //! many were reused from the session (its state or a prompt-cache checkpoint).
+//!
+//! A conversation that outgrows the context (`-c`) loses its oldest turns, the system prompt
+//! kept, with a note on stderr, and goes on.
 
-use crate::engine_args::{self, ModelArgs, SamplingArgs};
+use crate::engine_args::{self, ChatTemplateArgs, ModelArgs, SamplingArgs};
 use pn_runtime::chat_template::ChatMessage;
 use pn_runtime::engine::{CancelToken, StopConditions};
 use std::io::{BufRead, Write};
@@ -19,17 +22,27 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// System prompt.
-    #[arg(long = "system", alias = "sys")]
+    #[command(flatten)]
+    pub template: ChatTemplateArgs,
+    /// System prompt (llama.cpp's -sys).
+    #[arg(long = "system-prompt", aliases = ["system", "sys"])]
     pub system: Option<String>,
-    /// Most tokens per reply (-1: until an end token).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
+    /// The first user message (then the conversation goes on from stdin).
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Most tokens per reply (-1: until an end token or the context is full).
+    #[arg(short = 'n', long = "n-predict", alias = "predict", default_value_t = -1, allow_hyphen_values = true)]
     pub n_predict: i64,
 }
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let engine = engine_args::load_engine(&args.model, true)?;
+    let chat_template = args.template.source()?;
+    let engine = engine_args::load_engine_with(&args.model, true, |o| {
+        let mut o = o.clone();
+        o.chat_template = chat_template.or(o.chat_template);
+        o
+    })?;
     if engine.chat_template_is_fallback() {
         eprintln!(
             "pn: the model has no chat template; using ChatML (<|im_start|>role ... <|im_end|>)"
@@ -57,12 +70,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut messages = initial.clone();
     let stdin = std::io::stdin();
     let mut line = String::new();
+    let mut first = args.prompt.clone();
     loop {
-        eprint!("> ");
-        std::io::stderr().flush()?;
         line.clear();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            break;
+        if let Some(p) = first.take() {
+            line.push_str(&p);
+        } else {
+            eprint!("> ");
+            std::io::stderr().flush()?;
+            if stdin.lock().read_line(&mut line)? == 0 {
+                break;
+            }
         }
         let input = line.trim_end_matches(['\n', '\r']);
         match input.trim() {
@@ -77,6 +95,27 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             _ => {}
         }
         messages.push(ChatMessage::user(input));
+        let budget = engine
+            .context()
+            .saturating_sub(reply_room(engine.context(), args.n_predict));
+        let count = |m: &[ChatMessage]| -> Result<usize, Box<dyn std::error::Error>> {
+            Ok(engine.tokenizer().encode(&engine.render_chat(m)?)?.len())
+        };
+        match turns_to_drop(&messages, count, budget) {
+            Ok(0) => {}
+            Ok(n) => {
+                messages.drain(first_turn(&messages)..first_turn(&messages) + n);
+                eprintln!(
+                    "pn: the conversation no longer fits the context ({} tokens, -c): dropped the oldest {n} message(s), the system prompt kept",
+                    engine.context()
+                );
+            }
+            Err(e) => {
+                messages.pop();
+                eprintln!("error: {e}");
+                continue;
+            }
+        }
         cancel.reset();
         let stop = StopConditions {
             max_tokens: usize::try_from(args.n_predict).ok(),
@@ -96,6 +135,56 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// Tokens kept free for the reply: `-n` (at most half the context), or a quarter of the
+/// context for replies of unbounded length.
+fn reply_room(context: usize, n_predict: i64) -> usize {
+    match usize::try_from(n_predict) {
+        Ok(n) if n > 0 => n.min(context / 2),
+        _ => context / 4,
+    }
+    .max(1)
+}
+
+/// Index of the first message that may be dropped (the system prompt, if first, stays).
+fn first_turn(messages: &[ChatMessage]) -> usize {
+    usize::from(messages.first().is_some_and(|m| m.role == "system"))
+}
+
+/// How many of the oldest messages after the system prompt to drop, whole turns (a user
+/// message and what answered it) at a time, so that the rest counts at most `budget` tokens;
+/// the last message (the new one) is never dropped. An error when even that alone is too long.
+fn turns_to_drop(
+    messages: &[ChatMessage],
+    count: impl Fn(&[ChatMessage]) -> Result<usize, Box<dyn std::error::Error>>,
+    budget: usize,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let start = first_turn(messages);
+    let last = messages.len().saturating_sub(1);
+    let mut drop = 0;
+    loop {
+        let kept: Vec<ChatMessage> = messages[..start]
+            .iter()
+            .chain(&messages[start + drop..])
+            .cloned()
+            .collect();
+        let n = count(&kept)?;
+        if n <= budget {
+            return Ok(drop);
+        }
+        if start + drop >= last {
+            return Err(format!(
+                "the message does not fit the context: {n} prompt tokens, {budget} available (raise -c)"
+            )
+            .into());
+        }
+        // Drop through the next user message that starts a later turn.
+        drop += 1;
+        while start + drop < last && messages[start + drop].role != "user" {
+            drop += 1;
+        }
+    }
 }
 
 fn stream_reply(
@@ -127,4 +216,44 @@ fn stream_reply(
         t.generation_tokens_per_sec(),
     );
     Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts one token per character of content, so the expected drops can be worked out.
+    fn chars(m: &[ChatMessage]) -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(m.iter().map(|m| m.content.len()).sum())
+    }
+
+    #[test]
+    fn oldest_turns_go_first_and_the_system_prompt_stays() {
+        let m = vec![
+            ChatMessage::system("ss"),
+            ChatMessage::user("u1u1"),
+            ChatMessage::assistant("a1a1"),
+            ChatMessage::user("u2u2"),
+            ChatMessage::assistant("a2a2"),
+            ChatMessage::user("u3"),
+        ];
+        // 20 tokens in all.
+        assert_eq!(turns_to_drop(&m, chars, 20).unwrap(), 0);
+        // Without turn 1 (8 tokens): 12.
+        assert_eq!(turns_to_drop(&m, chars, 19).unwrap(), 2);
+        assert_eq!(turns_to_drop(&m, chars, 12).unwrap(), 2);
+        // Without turns 1 and 2: system + u3 = 4.
+        assert_eq!(turns_to_drop(&m, chars, 11).unwrap(), 4);
+        assert_eq!(turns_to_drop(&m, chars, 4).unwrap(), 4);
+        assert!(turns_to_drop(&m, chars, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("does not fit"));
+        // No system prompt: the first message may go.
+        assert_eq!(turns_to_drop(&m[1..], chars, 10).unwrap(), 2);
+        assert_eq!(first_turn(&m[1..]), 0);
+        assert_eq!(reply_room(64, -1), 16);
+        assert_eq!(reply_room(64, 100), 32);
+        assert_eq!(reply_room(64, 8), 8);
+    }
 }

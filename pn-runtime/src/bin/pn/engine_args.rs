@@ -10,27 +10,46 @@ use pn_runtime::sampling::SamplingParams;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-/// Model, device and context flags.
+/// Model, device and context flags (llama.cpp spellings: see `llama_flags::FLAGS`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model (`qwen35` architecture). Without it, `run` and `chat` use the built-in demo model.
+    /// GGUF model (`qwen35` architecture). Without it: the demo model built into `pn`.
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Context size in tokens (0: min(4096, the model's)).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
-    /// CPU threads (0: all cores).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
-    pub threads: usize,
+    /// CPU threads (default: the physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// KV cache type for K: f32, f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-k", alias = "ctk", default_value = "f32")]
+    /// Layers to offload (-ngl; llama.cpp's spelling). pn runs the whole model on --device:
+    /// accepted for scripts, with a note on the CPU.
+    #[arg(long = "n-gpu-layers", alias = "gpu-layers", value_name = "N")]
+    pub n_gpu_layers: Option<String>,
+    /// Flash attention (-fa): accepted; pn's attention is always fused.
+    #[arg(long = "flash-attn", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off", "auto"])]
+    pub flash_attn: Option<String>,
+    /// KV cache type for K: f32, f16, q8_0 or q4_0 (-ctk).
+    #[arg(long = "cache-type-k", alias = "ctk", default_value = "f16")]
     pub cache_type_k: KvCacheType,
-    /// KV cache type for V: f32, f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f32")]
+    /// KV cache type for V: f32, f16, q8_0 or q4_0 (-ctv).
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
     pub cache_type_v: KvCacheType,
+    /// Most tokens per prefill step (-b; llama.cpp's logical batch): caps --ubatch-size.
+    #[arg(short = 'b', long = "batch-size")]
+    pub batch_size: Option<usize>,
+    /// Tokens per prefill step (-ub; default: the engine's, 64).
+    #[arg(long = "ubatch-size")]
+    pub ubatch_size: Option<usize>,
+    /// Lock the process's memory (the mapped model included) so it is never swapped out.
+    #[arg(long)]
+    pub mlock: bool,
+    /// Accepted for llama.cpp scripts: pn always maps the model file read-only.
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
     /// Speculative decoding: mtp (draft with the model's MTP head; plain decoding for a model
     /// without one) or none.
     #[arg(long = "spec", default_value = "mtp", value_parser = ["mtp", "none"])]
@@ -120,13 +139,36 @@ pub struct SamplingArgs {
     /// Last tokens the penalties look at.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
-    /// Random seed (same seed, same output).
-    #[arg(short = 's', long, default_value_t = 0)]
-    pub seed: u64,
+    /// Random seed: the same seed gives the same output (-1: a random seed, printed).
+    #[arg(short = 's', long, default_value_t = RANDOM_SEED, allow_hyphen_values = true)]
+    pub seed: i64,
+}
+
+/// `--seed -1`, llama.cpp's "pick a random seed" (also its `LLAMA_DEFAULT_SEED`, 0xFFFFFFFF).
+pub const RANDOM_SEED: i64 = -1;
+
+/// A seed of its own for this run: OS randomness through std's hasher keys.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 impl SamplingArgs {
-    /// The sampler parameters.
+    /// The seed `--seed` stands for: a fresh random one for -1 (and llama.cpp's 0xFFFFFFFF).
+    pub fn resolve_seed(&self) -> u64 {
+        match self.seed {
+            RANDOM_SEED | 0xFFFF_FFFF => random_seed(),
+            s => s as u64,
+        }
+    }
+
+    /// The sampler parameters; a random `--seed` is drawn here, once per call.
     pub fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temp,
@@ -137,7 +179,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.repeat_last_n,
-            seed: self.seed,
+            seed: self.resolve_seed(),
         }
     }
 }
@@ -173,44 +215,119 @@ pub fn prefill_progress() -> Option<ProgressFn> {
     }))
 }
 
-/// Loads the model named by `-m`, or the demo model when `allow_demo` and no `-m` was given
-/// (saying so on stderr).
-pub fn load_engine(
-    args: &ModelArgs,
-    allow_demo: bool,
-) -> Result<Engine, Box<dyn std::error::Error>> {
-    let device: Device = args.device.parse()?;
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None if allow_demo => {
-            eprintln!(
-                "pn: no model given (-m), using the built-in DEMO model: a 17M-parameter Qwen3.5-architecture\n\
-                 pn: model trained on Python source, quantized to PN3 ({}).\n\
-                 pn: To run a real model: pn run -m /path/to/Qwen3.8-27B-PN3.gguf -p \"...\"",
-                pn_runtime::DEMO_MODEL_PATH
-            );
-            PathBuf::from(pn_runtime::DEMO_MODEL_PATH)
-        }
-        None => return Err("no model given: pass a GGUF model with -m PATH".into()),
-    };
-    let options = EngineOptions {
-        device,
+/// The engine options these flags ask for; what they leave unset is `EngineOptions::default()`'s
+/// (threads: the library's default, the physical cores).
+pub fn engine_options(args: &ModelArgs) -> Result<EngineOptions, Box<dyn std::error::Error>> {
+    let defaults = EngineOptions::default();
+    let batch = args
+        .ubatch_size
+        .unwrap_or(defaults.batch)
+        .min(args.batch_size.unwrap_or(usize::MAX))
+        .max(1);
+    Ok(EngineOptions {
+        device: args.device.parse()?,
         context: args.ctx_size,
         kv_type_k: args.cache_type_k,
         kv_type_v: args.cache_type_v,
-        threads: args.threads,
+        threads: args.threads.unwrap_or(defaults.threads),
+        batch,
         speculation: args.speculation(),
         prompt_cache_checkpoints: args.ctx_checkpoints,
         prompt_cache_interval: args.checkpoint_interval,
         template_isolation: args.template_sandbox.isolation()?,
-        ..EngineOptions::default()
-    };
+        ..defaults
+    })
+}
+
+/// The one-line note for `-ngl` on the CPU (`None`: no note; on CUDA every layer is offloaded).
+pub fn gpu_layers_note(args: &ModelArgs, device: Device) -> Option<String> {
+    match (&args.n_gpu_layers, device) {
+        (Some(n), Device::Cpu) => Some(format!(
+            "pn: -ngl {n}: pn runs on the CPU unless --device cuda (which offloads every layer); running on the CPU"
+        )),
+        _ => None,
+    }
+}
+
+/// Loads the model named by `-m`, or the demo model built into `pn` when no `-m` was given
+/// (saying so on stderr). `allow_demo: false` asks for `-m` instead.
+pub fn load_engine(
+    args: &ModelArgs,
+    allow_demo: bool,
+) -> Result<Engine, Box<dyn std::error::Error>> {
+    load_engine_with(args, allow_demo, EngineOptions::clone)
+}
+
+/// [`load_engine`] with the options adjusted by `edit` (a chat template of the command's own).
+pub fn load_engine_with(
+    args: &ModelArgs,
+    allow_demo: bool,
+    edit: impl FnOnce(&EngineOptions) -> EngineOptions,
+) -> Result<Engine, Box<dyn std::error::Error>> {
+    let options = edit(&engine_options(args)?);
+    if let Some(note) = gpu_layers_note(args, options.device) {
+        eprintln!("{note}");
+    }
     let pb = bar(1, "{msg} {bar:40} {percent}%");
-    let engine = Engine::load_with_progress(&path, options, &mut |p: LoadProgress| {
+    let mut progress = |p: LoadProgress| {
         pb.set_message(p.stage);
         pb.set_length(p.total);
         pb.set_position(p.done);
-    })?;
+    };
+    let engine = match &args.model {
+        Some(path) => Engine::load_with_progress(path, options, &mut progress)?,
+        None if allow_demo => {
+            crate::demo::announce();
+            let file = gguf_io::GgufFile::from_static(crate::demo::demo_bytes())?;
+            Engine::load_gguf(file, crate::demo::DEMO_NAME, options, &mut progress)?
+        }
+        None => return Err("no model given: pass a GGUF model with -m PATH".into()),
+    };
     pb.finish_and_clear();
+    if args.mlock {
+        lock_memory();
+    }
     Ok(engine)
+}
+
+/// `--mlock`: locks every page the process has and will map (the model's included); says so
+/// when the system refuses (RLIMIT_MEMLOCK) and goes on.
+fn lock_memory() {
+    #[cfg(unix)]
+    {
+        // SAFETY: mlockall has no memory-safety preconditions; it only pins pages.
+        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+        if rc != 0 {
+            eprintln!(
+                "pn: --mlock: {} (raise `ulimit -l`); going on unlocked",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    eprintln!("pn: --mlock is not supported on this system; going on unlocked");
+}
+
+/// The chat-template flags of `pn run` and `pn chat`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ChatTemplateArgs {
+    /// Jinja chat template file to use instead of the model's `tokenizer.chat_template`.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Accepted for llama.cpp scripts: pn always renders the Jinja template.
+    #[arg(long)]
+    pub jinja: bool,
+}
+
+impl ChatTemplateArgs {
+    /// The template source `--chat-template-file` names, if any.
+    pub fn source(&self) -> Result<Option<String>, Box<dyn std::error::Error>> {
+        self.chat_template_file
+            .as_deref()
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()).into())
+            })
+            .transpose()
+    }
 }

@@ -14,10 +14,10 @@ use std::time::Instant;
 /// Arguments of `pn logits`.
 #[derive(Parser, Debug)]
 pub struct Args {
-    /// The model (GGUF, architecture qwen35).
+    /// The model (GGUF, architecture qwen35). Without it: the demo model built into `pn`.
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
-    /// JSON file `{"tokens": [...]}`.
+    pub model: Option<PathBuf>,
+    /// Token file: `{"tokens": [...]}`, a JSON array (as `pn tokenize` prints) or integers.
     #[arg(long)]
     pub tokens: PathBuf,
     /// Output file for the logits, raw little-endian f32 `[n_tokens, vocab]`.
@@ -34,26 +34,6 @@ pub struct Args {
     pub threads: usize,
 }
 
-fn read_tokens(path: &PathBuf) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let arr = v.get("tokens").and_then(|t| t.as_array()).ok_or_else(|| {
-        format!(
-            "{}: expected an object with a \"tokens\" array",
-            path.display()
-        )
-    })?;
-    arr.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.as_u64()
-                .and_then(|x| u32::try_from(x).ok())
-                .ok_or_else(|| format!("{}: tokens[{i}] is not a token id", path.display()).into())
-        })
-        .collect()
-}
-
 fn write_f32(path: &PathBuf, data: &[f32]) -> Result<(), Box<dyn std::error::Error>> {
     let mut bytes = Vec::with_capacity(data.len() * 4);
     for v in data {
@@ -67,12 +47,13 @@ fn write_f32(path: &PathBuf, data: &[f32]) -> Result<(), Box<dyn std::error::Err
 
 /// Runs `pn logits`.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let tokens = read_tokens(&args.tokens)?;
+    let tokens = crate::inputs::read_tokens(&args.tokens)?;
     if tokens.is_empty() {
         return Err(format!("{}: no tokens", args.tokens.display()).into());
     }
     let t0 = Instant::now();
-    let model = Model::load(&args.model, CpuBackend::new(args.threads))?;
+    let (file, _) = crate::demo::open_model(args.model.as_deref())?;
+    let model = Model::from_file(std::sync::Arc::new(file), CpuBackend::new(args.threads))?;
     let (vocab, d) = (model.config.vocab, model.config.hidden);
     let mut state = model.new_state(tokens.len())?;
     let mut ws = model.new_workspace(args.batch.max(1))?;

@@ -5,9 +5,13 @@
 
 mod bench;
 mod chat;
+mod demo;
 mod engine_args;
 mod eval_kl;
+mod inputs;
 mod inspect;
+mod kl_file;
+mod llama_flags;
 mod logits;
 mod perplexity;
 mod quantize;
@@ -23,7 +27,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "pn",
-    version,
+    version = VERSION,
     long_version = long_version(),
     about = "Run Qwen3.5/3.8 hybrid models in the PN format"
 )]
@@ -32,19 +36,17 @@ struct Cli {
     command: Command,
 }
 
-/// `pn --version`: the version plus the CUDA kernels this build embeds (or why it has none).
+/// `pn --version`: the version and the git commit it was built from (`unknown` outside a git
+/// checkout; see build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("PN_GIT_COMMIT"), ")");
+
+/// `pn --version`: [`VERSION`] plus the CUDA kernels this build embeds (or why it has none).
 fn long_version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        format!(
-            "{}\n{}",
-            env!("CARGO_PKG_VERSION"),
-            pn_kernels::build_info()
-        )
-    })
+    V.get_or_init(|| format!("{VERSION}\n{}", pn_kernels::build_info()))
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 enum Command {
     // One variant per subcommand, e.g. `Inspect(inspect::Args)`.
     /// Print a GGUF's metadata and tensor table (--json, --validate for PN rows).
@@ -69,6 +71,8 @@ enum Command {
     Perplexity(perplexity::Args),
     /// OpenAI-compatible HTTP server (chat, completions, streaming, metrics).
     Serve(serve::Args),
+    /// Print the table of llama.cpp flags: what pn takes for each, and those it refuses.
+    LlamaFlags,
 }
 
 fn main() -> ExitCode {
@@ -79,7 +83,15 @@ fn main() -> ExitCode {
     {
         return pn_runtime::chat_template::run_worker();
     }
-    let cli = Cli::parse();
+    // llama.cpp's multi-letter short flags (-ngl, -ctk...) become long ones clap can read.
+    let args = match llama_flags::normalise(std::env::args_os()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Quantize(args) => quantize::run(args),
@@ -92,6 +104,10 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::LlamaFlags => {
+            print!("{}", llama_flags::markdown_table());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,10 @@
 //! `pn run`: complete one prompt, streaming the text to stdout, with a timing line on stderr.
+//! Ctrl-C stops the generation (the timing line is still printed); `-cnv` (or `-sys`) turns it
+//! into `pn chat`.
 
-use crate::engine_args::{self, ModelArgs, SamplingArgs};
-use pn_runtime::engine::{Prompt, StopConditions};
+use crate::engine_args::{self, ChatTemplateArgs, ModelArgs, SamplingArgs};
+use crate::inputs;
+use pn_runtime::engine::{CancelToken, Prompt, StopConditions};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -12,22 +15,26 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Prompt text (special-token text such as `<|im_start|>` maps to its id).
+    #[command(flatten)]
+    pub template: ChatTemplateArgs,
+    /// Prompt text (special-token text such as `<|im_start|>` maps to its id). Without -p or
+    /// -f, a prompt piped into stdin is read.
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file (`-` for stdin).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// Tokens to generate (-1: until an end token or the context is full).
     #[arg(
         short = 'n',
         long = "n-predict",
+        alias = "predict",
         default_value_t = 256,
         allow_hyphen_values = true
     )]
     pub n_predict: i64,
-    /// Stop string (repeatable): the output ends right before it.
-    #[arg(long = "stop")]
+    /// Stop string (repeatable; llama.cpp's -r/--reverse-prompt): the output ends right before it.
+    #[arg(long = "stop", short = 'r', alias = "reverse-prompt")]
     pub stop: Vec<String>,
     /// Keep generating past end tokens.
     #[arg(long = "ignore-eos")]
@@ -35,24 +42,62 @@ pub struct Args {
     /// Do not echo the prompt before the completion.
     #[arg(long = "no-display-prompt")]
     pub no_display_prompt: bool,
+    /// Conversation mode (-cnv): `pn chat` with these flags; -p is the first message.
+    #[arg(long = "conversation", conflicts_with = "no_conversation")]
+    pub conversation: bool,
+    /// Plain completion (-no-cnv), the default of `pn run`.
+    #[arg(long = "no-conversation")]
+    pub no_conversation: bool,
+    /// System prompt (-sys); implies conversation mode.
+    #[arg(long = "system-prompt", conflicts_with = "no_conversation")]
+    pub system_prompt: Option<String>,
 }
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.conversation || args.system_prompt.is_some() {
+        return crate::chat::run(crate::chat::Args {
+            model: args.model,
+            sampling: args.sampling,
+            template: args.template,
+            system: args.system_prompt,
+            prompt: args.prompt,
+            n_predict: args.n_predict,
+        });
+    }
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?,
-        (None, None) if args.model.model.is_none() => "def fibonacci(n):".to_string(),
-        (None, None) => return Err("give a prompt with -p TEXT or -f FILE".into()),
+        (None, Some(f)) => inputs::read_text(f)?,
+        (None, None) => match inputs::piped_prompt()? {
+            Some(p) => p,
+            None if args.model.model.is_none() => "def fibonacci(n):".to_string(),
+            None => return Err("give a prompt with -p TEXT, -f FILE or on stdin".into()),
+        },
     };
-    let engine = engine_args::load_engine(&args.model, true)?;
+    let chat_template = args.template.source()?;
+    let engine = engine_args::load_engine_with(&args.model, true, |o| {
+        let mut o = o.clone();
+        o.chat_template = chat_template.or(o.chat_template);
+        o
+    })?;
     let mut session = engine.session()?;
     session.set_progress(engine_args::prefill_progress());
+    let cancel = CancelToken::new();
+    {
+        let cancel = cancel.clone();
+        // First Ctrl-C: stop generating, print what was timed; a second one: quit at once.
+        ctrlc::set_handler(move || {
+            if cancel.is_cancelled() {
+                std::process::exit(130);
+            }
+            cancel.cancel();
+        })?;
+    }
     let stop = StopConditions {
         max_tokens: usize::try_from(args.n_predict).ok(),
         strings: args.stop.clone(),
         ignore_eog: args.ignore_eos,
+        cancel: Some(cancel),
         ..StopConditions::default()
     };
     let mut out = std::io::stdout().lock();
@@ -60,7 +105,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         write!(out, "{prompt}")?;
         out.flush()?;
     }
-    let mut generation = session.generate(Prompt::Text(prompt), args.sampling.params(), stop)?;
+    let params = args.sampling.params();
+    let seed = params.seed;
+    let mut generation = session.generate(Prompt::Text(prompt), params, stop)?;
     for event in generation.by_ref() {
         let event = event?;
         write!(out, "{}", event.text)?;
@@ -68,8 +115,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     writeln!(out)?;
     let t = generation.timings();
+    let seed_note = if args.sampling.temp > 0.0 {
+        format!(" | seed {seed}")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s){} | stop: {}",
+        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s){}{seed_note} | stop: {}",
         t.prompt_tokens,
         t.prompt_time.as_secs_f64() * 1e3,
         t.prompt_tokens_per_sec(),

@@ -10,11 +10,8 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// GGUF model (a vocab-only file is enough); gives the template and the special tokens.
-    #[arg(
-        short = 'm',
-        long = "model",
-        required_unless_present = "chat_template_file"
-    )]
+    /// Without -m or --chat-template-file: the demo model built into `pn`.
+    #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// JSON file: `{"messages": [...], "tools": [...]}` (OpenAI style, tools optional).
     #[arg(long = "messages")]
@@ -37,29 +34,28 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let read = |path: &PathBuf| {
         std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
     };
-    let meta = match &args.model {
-        Some(path) => {
-            let file = gguf_io::GgufFile::open(path)
-                .map_err(|e| format!("opening {}: {e}", path.display()))?;
-            Some(
-                TokenizerMetadata::from_gguf(&file)
-                    .map_err(|e| format!("reading the tokenizer of {}: {e}", path.display()))?,
-            )
-        }
-        None => None,
+    // No -m and no template file: the built-in demo model, as every other command.
+    let meta = if args.model.is_some() || args.chat_template_file.is_none() {
+        let (file, name) = crate::demo::open_model(args.model.as_deref())?;
+        Some(
+            TokenizerMetadata::from_gguf(&file)
+                .map_err(|e| format!("reading the tokenizer of {}: {e}", name.display()))?,
+        )
+    } else {
+        None
     };
-    let source = match (&args.chat_template_file, &meta) {
-        (Some(path), _) => read(path)?,
-        (None, Some(meta)) => meta.chat_template.clone().ok_or_else(|| {
-            format!(
-                "{} has no tokenizer.chat_template; pass --chat-template-file",
-                args.model
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            )
-        })?,
-        (None, None) => return Err("pass -m MODEL or --chat-template-file FILE".into()),
+    let source = match &args.chat_template_file {
+        Some(path) => read(path)?,
+        None => match meta.as_ref().and_then(|m| m.chat_template.clone()) {
+            Some(t) => t,
+            None => {
+                // As `pn chat` and the server render for such a model.
+                eprintln!(
+                    "pn: the model has no chat template; using ChatML (<|im_start|>role ... <|im_end|>)"
+                );
+                pn_runtime::engine::FALLBACK_CHAT_TEMPLATE.to_string()
+            }
+        },
     };
     let mut template = ChatTemplate::new(&source)?.with_isolation(args.sandbox.isolation()?);
     if let Some(meta) = &meta {
