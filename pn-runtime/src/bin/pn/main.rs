@@ -7,6 +7,7 @@ mod bench;
 mod chat;
 mod engine_args;
 mod eval_kl;
+mod grammar_args;
 mod inspect;
 mod logits;
 mod perplexity;

@@ -12,6 +12,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub grammar: crate::grammar_args::GrammarArgs,
     /// Prompt text (special-token text such as `<|im_start|>` maps to its id).
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -60,7 +62,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         write!(out, "{prompt}")?;
         out.flush()?;
     }
-    let mut generation = session.generate(Prompt::Text(prompt), args.sampling.params(), stop)?;
+    let mut params = args.sampling.params();
+    params.constraint = args.grammar.constraint(engine.tokenizer())?;
+    let mut generation = session.generate(Prompt::Text(prompt), params, stop)?;
     for event in generation.by_ref() {
         let event = event?;
         write!(out, "{}", event.text)?;
