@@ -1,6 +1,7 @@
 //! The token sampler.
 
 use super::rng::SplitMix64;
+use crate::constrain::Constraint;
 use std::collections::HashMap;
 
 /// How the next token is chosen. Neutral values switch a stage off.
@@ -24,6 +25,10 @@ pub struct SamplingParams {
     pub penalty_last_n: usize,
     /// Seed of the random generator: the same seed and inputs give the same tokens.
     pub seed: u64,
+    /// A grammar the output must match (JSON schema, GBNF, regex): tokens it does not allow
+    /// next are masked before every other stage. Speculative drafting is off while it is set
+    /// (the verify rows would need the grammar's state after each draft).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +45,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            constraint: None,
         }
     }
 }
@@ -119,6 +125,8 @@ pub struct Sampler {
     params: SamplingParams,
     mask: TokenMask,
     rng: SplitMix64,
+    /// The live grammar state (a copy of `params.constraint`, advanced by each emitted token).
+    constraint: Option<Constraint>,
     /// Reused candidate buffer: (id, logit).
     cand: Vec<(u32, f32)>,
 }
@@ -128,11 +136,30 @@ impl Sampler {
     pub fn new(params: SamplingParams, mask: TokenMask) -> Self {
         let rng = SplitMix64::new(params.seed);
         Sampler {
+            constraint: params.constraint.clone(),
             params,
             mask,
             rng,
             cand: Vec::new(),
         }
+    }
+
+    /// Whether a grammar constrains the output.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Tells the grammar that `id` was emitted (call once per emitted token, in order; a no-op
+    /// without a constraint).
+    pub fn advance(&mut self, id: u32) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.advance(id);
+        }
+    }
+
+    /// The live grammar state, if the output is constrained.
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
     }
 
     /// The parameters in use.
@@ -218,6 +245,9 @@ impl Sampler {
     /// surviving candidates in `self.cand`.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Filtered {
         self.mask.apply(logits);
+        if let Some(c) = self.constraint.as_mut() {
+            c.apply(logits);
+        }
         for l in logits.iter_mut() {
             if l.is_nan() {
                 *l = f32::NEG_INFINITY;

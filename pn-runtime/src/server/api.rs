@@ -4,9 +4,13 @@
 //! supplied: X"); documented OpenAI arguments that pn does not implement are accepted when
 //! they ask for the default behaviour and rejected (400, naming them) when they ask for
 //! something else. llama.cpp-style extensions (`top_k`, `min_p`, `repeat_penalty`,
-//! `ignore_eos`, `chat_template_kwargs`) are accepted.
+//! `ignore_eos`, `chat_template_kwargs`) are accepted, and so are the llama-server and vLLM
+//! extras of [`structured::EXTRA_FIELDS`](super::structured::EXTRA_FIELDS) (structured output,
+//! `n_predict`, `cache_prompt`, ...). Sampling fields a request leaves out take the server's
+//! defaults ([`SamplingDefaults`]: `pn run`'s unless `pn serve` sets others).
 
 use super::error::ApiError;
+use super::structured::{ExtraFields, EXTRA_FIELDS};
 use crate::sampling::SamplingParams;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -47,7 +51,6 @@ const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
-    "response_format",
     "reasoning_effort",
     "modalities",
 ];
@@ -176,8 +179,6 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Ignored.
     pub parallel_tool_calls: Option<bool>,
-    /// Only `{"type": "text"}`.
-    pub response_format: Option<Value>,
     /// Passed to the template as a variable.
     pub reasoning_effort: Option<String>,
     /// Only `["text"]`.
@@ -247,27 +248,29 @@ fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
 }
 
 /// Parses a chat request.
-pub fn parse_chat(body: &[u8]) -> Result<(ChatRequest, SamplingFields), ApiError> {
-    let map = parse_object(body, &[SAMPLING_FIELDS, CHAT_FIELDS])?;
+pub fn parse_chat(body: &[u8]) -> Result<(ChatRequest, SamplingFields, ExtraFields), ApiError> {
+    let map = parse_object(body, &[SAMPLING_FIELDS, CHAT_FIELDS, EXTRA_FIELDS])?;
     if !map.contains_key("messages") {
         return Err(ApiError::invalid_param(
             "messages",
             "Missing required parameter: 'messages'.",
         ));
     }
-    Ok((typed(&map)?, typed(&map)?))
+    Ok((typed(&map)?, typed(&map)?, typed(&map)?))
 }
 
 /// Parses a completion request.
-pub fn parse_completion(body: &[u8]) -> Result<(CompletionRequest, SamplingFields), ApiError> {
-    let map = parse_object(body, &[SAMPLING_FIELDS, COMPLETION_FIELDS])?;
+pub fn parse_completion(
+    body: &[u8],
+) -> Result<(CompletionRequest, SamplingFields, ExtraFields), ApiError> {
+    let map = parse_object(body, &[SAMPLING_FIELDS, COMPLETION_FIELDS, EXTRA_FIELDS])?;
     if !map.contains_key("prompt") {
         return Err(ApiError::invalid_param(
             "prompt",
             "Missing required parameter: 'prompt'.",
         ));
     }
-    Ok((typed(&map)?, typed(&map)?))
+    Ok((typed(&map)?, typed(&map)?, typed(&map)?))
 }
 
 /// What one request asks the engine for.
@@ -279,12 +282,37 @@ pub struct GenSettings {
     pub max_tokens: Option<usize>,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// Extra stop token ids (vLLM's `stop_token_ids`).
+    pub stop_tokens: Vec<u32>,
     /// Keep going past end tokens.
     pub ignore_eos: bool,
     /// Server-sent events.
     pub stream: bool,
     /// Final usage chunk with empty choices.
     pub include_usage: bool,
+}
+
+/// What a request gets for the sampling fields it leaves out (`pn serve --temp --top-k
+/// --top-p --min-p --repeat-penalty --seed -n`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingDefaults {
+    /// Temperature, top-k, top-p, min-p, penalties (`seed` and `constraint` are not used).
+    pub params: SamplingParams,
+    /// Seed of every request without one; `None`: a fresh random seed per request.
+    pub seed: Option<u64>,
+    /// Most tokens of a request without `max_tokens`; `None`: the endpoint's default.
+    pub max_tokens: Option<usize>,
+}
+
+impl Default for SamplingDefaults {
+    /// `pn run`'s sampling (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), random seeds.
+    fn default() -> Self {
+        SamplingDefaults {
+            params: SamplingParams::default(),
+            seed: None,
+            max_tokens: None,
+        }
+    }
 }
 
 fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
@@ -313,20 +341,24 @@ fn random_seed() -> u64 {
 }
 
 impl SamplingFields {
-    /// Validates the arguments (OpenAI's ranges) and fills in OpenAI's defaults (temperature
-    /// 1, top_p 1, no penalties) where they are absent. `default_max` applies when
-    /// `max_tokens` is absent; `max_override` is the chat endpoint's `max_completion_tokens`.
+    /// Validates the arguments (OpenAI's ranges) and fills in the server's `defaults` where
+    /// they are absent. `default_max` applies when `max_tokens` (and `n_predict`, and the
+    /// server's default) are absent; `max_override` is the chat endpoint's
+    /// `max_completion_tokens`.
     pub fn settings(
         &self,
         max_override: Option<i64>,
         default_max: Option<usize>,
+        extras: &ExtraFields,
+        defaults: &SamplingDefaults,
     ) -> Result<GenSettings, ApiError> {
+        let repeat_penalty = self.repeat_penalty.or(extras.repetition_penalty);
         check_range("temperature", self.temperature, 0.0, 2.0)?;
         check_range("top_p", self.top_p, 0.0, 1.0)?;
         check_range("min_p", self.min_p, 0.0, 1.0)?;
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        check_range("repeat_penalty", self.repeat_penalty, 0.01, 100.0)?;
+        check_range("repeat_penalty", repeat_penalty, 0.01, 100.0)?;
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(ApiError::invalid_param(
@@ -348,7 +380,12 @@ impl SamplingFields {
                 ));
             }
             Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
-            None => default_max,
+            // llama-server: -1 (any negative) is "until an end token or the context is full".
+            None => match extras.n_predict {
+                Some(n) if n < 0 => None,
+                Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).max(1)),
+                None => defaults.max_tokens.or(default_max),
+            },
         };
         let top_k = match self.top_k {
             Some(k) if k < 0 => {
@@ -358,7 +395,7 @@ impl SamplingFields {
                 ))
             }
             Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
-            None => 0,
+            None => defaults.params.top_k,
         };
         let stop = match &self.stop {
             None => Vec::new(),
@@ -388,23 +425,30 @@ impl SamplingFields {
                 "log probabilities are not supported by this server",
             ));
         }
+        let d = &defaults.params;
         let params = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
+            temperature: self.temperature.unwrap_or(d.temperature),
             top_k,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            repeat_penalty: self.repeat_penalty.unwrap_or(1.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: repeat_penalty.unwrap_or(d.repeat_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             penalty_last_n: self
                 .repeat_last_n
-                .map_or(64, |n| usize::try_from(n).unwrap_or(0)),
-            seed: self.seed.map_or_else(random_seed, |s| s as u64),
+                .map_or(d.penalty_last_n, |n| usize::try_from(n).unwrap_or(0)),
+            // llama.cpp: a negative seed asks for a random one.
+            seed: match self.seed.filter(|&s| s >= 0) {
+                Some(s) => s as u64,
+                None => defaults.seed.unwrap_or_else(random_seed),
+            },
+            constraint: None,
         };
         Ok(GenSettings {
             params,
             max_tokens,
             stop,
+            stop_tokens: extras.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream.unwrap_or(false),
             include_usage: self
@@ -423,14 +467,6 @@ impl ChatRequest {
                 "messages",
                 "'messages' must contain at least one message",
             ));
-        }
-        if let Some(f) = &self.response_format {
-            if f.get("type").and_then(Value::as_str) != Some("text") {
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    "only response_format {\"type\": \"text\"} is supported",
-                ));
-            }
         }
         if let Some(m) = &self.modalities {
             if m.iter().any(|x| x != "text") {

@@ -26,6 +26,7 @@ pub mod reasoning;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
+pub mod structured;
 
 use crate::engine::{Engine, EngineError};
 use std::io::Write;
@@ -54,6 +55,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Jinja chat template to use instead of the model's (its source text).
     pub chat_template: Option<String>,
+    /// Sampling of requests that leave fields out (`pn run`'s defaults unless set).
+    pub sampling: api::SamplingDefaults,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             max_body_bytes: 16 << 20,
             shutdown_grace: Duration::from_secs(10),
             chat_template: None,
+            sampling: api::SamplingDefaults::default(),
         }
     }
 }
@@ -194,6 +198,8 @@ async fn run(
             .map_or(0, |d| d.as_secs()),
         max_body_bytes: config.max_body_bytes,
         template,
+        defaults: config.sampling.clone(),
+        constraints: std::sync::OnceLock::new(),
     });
     let app = routes::router(state, config.api_key.clone());
     eprintln!(

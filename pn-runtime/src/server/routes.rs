@@ -1,14 +1,16 @@
 //! The HTTP routes: parsing a request, rendering and tokenizing its prompt, queueing it on a
 //! slot and answering.
 
-use super::api::{self, GenSettings};
+use super::api::{self, GenSettings, SamplingDefaults};
 use super::auth;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::reasoning::prompt_opens_thinking;
 use super::scheduler::{Job, Scheduler};
 use super::stream::{CancelOnDrop, Endpoint, Reply};
+use super::structured::ExtraFields;
 use crate::chat_template::{ChatTemplate, TemplateContext};
+use crate::constrain::ConstraintFactory;
 use crate::engine::{CancelToken, Engine, Prompt, StopConditions};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -20,7 +22,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// What every handler shares.
@@ -40,6 +42,39 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// A chat template replacing the model's (`--chat-template-file`).
     pub template: Option<ChatTemplate>,
+    /// Sampling of requests that leave fields out.
+    pub defaults: SamplingDefaults,
+    /// The grammar compiler for the engine's vocabulary, built by the first request that
+    /// constrains its output (or the reason it cannot be).
+    pub constraints: OnceLock<Result<ConstraintFactory, String>>,
+}
+
+/// Compiles the grammar `extras` ask for into `settings` (in a blocking task: compiling a
+/// large schema takes milliseconds, the token trie of a first request longer).
+async fn add_constraint(
+    st: &Shared,
+    extras: &ExtraFields,
+    settings: &mut GenSettings,
+) -> Result<(), ApiError> {
+    let Some((grammar, field)) = extras.grammar()? else {
+        return Ok(());
+    };
+    let state = Arc::clone(st);
+    let constraint = blocking(move || {
+        let factory = state
+            .constraints
+            .get_or_init(|| {
+                ConstraintFactory::new(state.engine.tokenizer()).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ApiError::internal(e.clone()))?;
+        factory
+            .compile(&grammar)
+            .map_err(|e| ApiError::invalid_param(field, e.to_string()))
+    })
+    .await?;
+    settings.params.constraint = Some(constraint);
+    Ok(())
 }
 
 type Shared = Arc<AppState>;
@@ -166,9 +201,11 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
     let arrival = Instant::now();
     let result = async {
         let body = body_bytes(body, st.max_body_bytes)?;
-        let (req, fields) = api::parse_chat(&body)?;
+        let (req, fields, extras) = api::parse_chat(&body)?;
         req.check_supported()?;
-        let settings = fields.settings(req.max_completion_tokens, None)?;
+        let mut settings =
+            fields.settings(req.max_completion_tokens, None, &extras, &st.defaults)?;
+        add_constraint(&st, &extras, &mut settings).await?;
         let messages = req.template_messages()?;
         let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
         if let Some(effort) = &req.reasoning_effort {
@@ -204,8 +241,10 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
             Ok((prompt.text, prompt.tokens))
         })
         .await?;
+        // Constrained output is all content: the grammar starts at the first token, so a
+        // thinking block the prompt opens is not expected to close.
         let endpoint = Endpoint::Chat {
-            thinking: prompt_opens_thinking(&text),
+            thinking: settings.params.constraint.is_none() && prompt_opens_thinking(&text),
         };
         start(&st, tokens, settings, endpoint, arrival, "messages").await
     }
@@ -217,9 +256,10 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
     let arrival = Instant::now();
     let result = async {
         let body = body_bytes(body, st.max_body_bytes)?;
-        let (req, fields) = api::parse_completion(&body)?;
+        let (req, fields, extras) = api::parse_completion(&body)?;
         // OpenAI's default for this endpoint.
-        let settings = fields.settings(None, Some(16))?;
+        let mut settings = fields.settings(None, Some(16), &extras, &st.defaults)?;
+        add_constraint(&st, &extras, &mut settings).await?;
         let prompt = req.prompt()?;
         let engine = st.engine.clone();
         let n_vocab = engine.tokenizer().n_vocab();
@@ -257,7 +297,7 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
 async fn start(
     st: &Shared,
     tokens: Vec<u32>,
-    settings: GenSettings,
+    mut settings: GenSettings,
     endpoint: Endpoint,
     arrival: Instant,
     what: &str,
@@ -276,18 +316,9 @@ async fn start(
         )
         .with_code("context_length_exceeded"));
     }
-    if let Some(m) = settings.max_tokens {
-        if n.saturating_add(m) > context {
-            return Err(ApiError::invalid_param(
-                "max_tokens",
-                format!(
-                    "This model's maximum context length is {context} tokens. However, you requested {} tokens ({n} in the {what}, {m} in the completion). Reduce the length of the {what} or the completion.",
-                    n.saturating_add(m)
-                ),
-            )
-            .with_code("context_length_exceeded"));
-        }
-    }
+    // As llama-server: a `max_tokens` beyond the slot's room is clamped to it, and the reply
+    // finishes with `length` there (clients that always send 4096 still get an answer).
+    settings.max_tokens = settings.max_tokens.map(|m| m.min(context - n));
     let cancel = CancelToken::new();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let job = Job {
@@ -296,7 +327,7 @@ async fn start(
         stop: StopConditions {
             max_tokens: settings.max_tokens,
             strings: settings.stop.clone(),
-            tokens: Vec::new(),
+            tokens: settings.stop_tokens.clone(),
             ignore_eog: settings.ignore_eos,
             cancel: Some(cancel.clone()),
         },

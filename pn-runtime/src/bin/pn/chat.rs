@@ -24,6 +24,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub template: ChatTemplateArgs,
+    #[command(flatten)]
+    pub grammar: crate::grammar_args::GrammarArgs,
     /// System prompt (llama.cpp's -sys).
     #[arg(long = "system-prompt", aliases = ["system", "sys"])]
     pub system: Option<String>,
@@ -48,6 +50,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "pn: the model has no chat template; using ChatML (<|im_start|>role ... <|im_end|>)"
         );
     }
+    let constraint = args.grammar.constraint(engine.tokenizer())?;
     let mut session = engine.session()?;
     session.set_progress(engine_args::prefill_progress());
 
@@ -123,7 +126,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ..StopConditions::default()
         };
         generating.store(true, Ordering::SeqCst);
-        let reply = stream_reply(&mut session, &messages, &args, stop);
+        let reply = stream_reply(&mut session, &messages, &args, stop, constraint.as_ref());
         generating.store(false, Ordering::SeqCst);
         match reply {
             Ok(text) => messages.push(ChatMessage::assistant(text)),
@@ -192,10 +195,13 @@ fn stream_reply(
     messages: &[ChatMessage],
     args: &Args,
     stop: StopConditions,
+    constraint: Option<&pn_runtime::constrain::Constraint>,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     let mut reply = String::new();
-    let mut generation = session.chat(messages, args.sampling.params(), stop)?;
+    let mut params = args.sampling.params();
+    params.constraint = constraint.cloned();
+    let mut generation = session.chat(messages, params, stop)?;
     for event in generation.by_ref() {
         let event = event?;
         reply.push_str(&event.text);

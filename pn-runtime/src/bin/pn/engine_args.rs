@@ -180,6 +180,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             penalty_last_n: self.repeat_last_n,
             seed: self.resolve_seed(),
+            constraint: None,
         }
     }
 }

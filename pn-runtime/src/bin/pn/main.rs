@@ -8,6 +8,7 @@ mod chat;
 mod demo;
 mod engine_args;
 mod eval_kl;
+mod grammar_args;
 mod inputs;
 mod inspect;
 mod kl_file;

@@ -17,6 +17,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub template: ChatTemplateArgs,
+    #[command(flatten)]
+    pub grammar: crate::grammar_args::GrammarArgs,
     /// Prompt text (special-token text such as `<|im_start|>` maps to its id). Without -p or
     /// -f, a prompt piped into stdin is read.
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
@@ -105,7 +107,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         write!(out, "{prompt}")?;
         out.flush()?;
     }
-    let params = args.sampling.params();
+    let mut params = args.sampling.params();
+    params.constraint = args.grammar.constraint(engine.tokenizer())?;
     let seed = params.seed;
     let mut generation = session.generate(Prompt::Text(prompt), params, stop)?;
     for event in generation.by_ref() {

@@ -1,6 +1,8 @@
 //! `pn serve`: the OpenAI-compatible HTTP server (see `pn_runtime::server`).
 
 use crate::engine_args::{self, ModelArgs};
+use pn_runtime::sampling::SamplingParams;
+use pn_runtime::server::api::SamplingDefaults;
 use pn_runtime::server::{serve, ServerConfig};
 use std::time::Duration;
 
@@ -36,6 +38,67 @@ pub struct Args {
     /// Jinja chat template file to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub sampling: ServeSampling,
+}
+
+/// Sampling of requests that leave the fields out; unset flags are `pn run`'s defaults
+/// (llama.cpp's: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties).
+#[derive(clap::Args, Debug, Default)]
+pub struct ServeSampling {
+    /// Default temperature (0: greedy) [default: 0.8].
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Default top-k (0: off) [default: 40].
+    #[arg(long = "top-k")]
+    pub top_k: Option<usize>,
+    /// Default top-p (1: off) [default: 0.95].
+    #[arg(long = "top-p")]
+    pub top_p: Option<f32>,
+    /// Default min-p (0: off) [default: 0.05].
+    #[arg(long = "min-p")]
+    pub min_p: Option<f32>,
+    /// Default repetition penalty (1: off).
+    #[arg(long = "repeat-penalty")]
+    pub repeat_penalty: Option<f32>,
+    /// Default presence penalty (0: off).
+    #[arg(long = "presence-penalty")]
+    pub presence_penalty: Option<f32>,
+    /// Default frequency penalty (0: off).
+    #[arg(long = "frequency-penalty")]
+    pub frequency_penalty: Option<f32>,
+    /// Default window of the penalties.
+    #[arg(long = "repeat-last-n")]
+    pub repeat_last_n: Option<usize>,
+    /// Seed of requests without one (-1 or unset: a random seed per request).
+    #[arg(short = 's', long, allow_hyphen_values = true)]
+    pub seed: Option<i64>,
+    /// Most tokens of a request without `max_tokens` (-1 or unset: the endpoint's default,
+    /// until the context is full for chat, 16 for completions).
+    #[arg(short = 'n', long = "n-predict", allow_hyphen_values = true)]
+    pub n_predict: Option<i64>,
+}
+
+impl ServeSampling {
+    /// The server's defaults.
+    pub fn defaults(&self) -> SamplingDefaults {
+        let d = SamplingParams::default();
+        SamplingDefaults {
+            params: SamplingParams {
+                temperature: self.temp.unwrap_or(d.temperature),
+                top_k: self.top_k.unwrap_or(d.top_k),
+                top_p: self.top_p.unwrap_or(d.top_p),
+                min_p: self.min_p.unwrap_or(d.min_p),
+                repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+                presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+                frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+                penalty_last_n: self.repeat_last_n.unwrap_or(d.penalty_last_n),
+                ..d
+            },
+            seed: self.seed.and_then(|s| u64::try_from(s).ok()),
+            max_tokens: self.n_predict.and_then(|n| usize::try_from(n).ok()),
+        }
+    }
 }
 
 /// Runs the subcommand.
@@ -63,7 +126,83 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,
         chat_template,
+        sampling: args.sampling.defaults(),
     };
     serve(engine, config)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: crate::run::Args,
+    }
+
+    #[test]
+    fn serve_defaults_are_run_defaults() {
+        let serve = Serve::parse_from(["pn"]).args.sampling.defaults();
+        let run = Run::parse_from(["pn"]).args.sampling.params();
+        let sampling = |p: &pn_runtime::sampling::SamplingParams| {
+            (
+                p.temperature,
+                p.top_k,
+                p.top_p,
+                p.min_p,
+                p.repeat_penalty,
+                p.penalty_last_n,
+            )
+        };
+        assert_eq!(sampling(&serve.params), sampling(&run));
+        assert_eq!((serve.seed, serve.max_tokens), (None, None));
+    }
+
+    #[test]
+    fn serve_sampling_flags() {
+        let argv = [
+            "pn",
+            "--temp",
+            "0.2",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.5",
+            "--min-p",
+            "0.1",
+            "--repeat-penalty",
+            "1.1",
+            "--seed",
+            "7",
+            "-n",
+            "64",
+        ];
+        let d = Serve::parse_from(argv).args.sampling.defaults();
+        assert_eq!(
+            (
+                d.params.temperature,
+                d.params.top_k,
+                d.params.top_p,
+                d.params.min_p
+            ),
+            (0.2, 5, 0.5, 0.1)
+        );
+        assert_eq!(
+            (d.params.repeat_penalty, d.seed, d.max_tokens),
+            (1.1, Some(7), Some(64))
+        );
+        let d = Serve::parse_from(["pn", "--seed", "-1", "-n", "-1"])
+            .args
+            .sampling
+            .defaults();
+        assert_eq!((d.seed, d.max_tokens), (None, None));
+    }
 }

@@ -79,11 +79,17 @@ impl<'s> Generation<'s> {
     }
 
     /// The next token (see `CoreOps::next_id`); speculative drafts stop short of
-    /// `max_tokens`.
+    /// `max_tokens`. A grammar-constrained generation drafts nothing: a verify row's mask
+    /// would need the grammar's state after the drafts before it, so every token is sampled
+    /// (masked) from the verified row of the last emitted one.
     fn next_id(&mut self) -> Result<Option<u32>> {
-        let budget = self.max_tokens.map_or(usize::MAX, |m| {
-            m.saturating_sub(self.timings.generated_tokens + 1)
-        });
+        let budget = if self.sampler.is_constrained() {
+            0
+        } else {
+            self.max_tokens.map_or(usize::MAX, |m| {
+                m.saturating_sub(self.timings.generated_tokens + 1)
+            })
+        };
         self.session
             .core
             .next_id(&mut self.sampler, &mut self.run, budget)
@@ -156,6 +162,8 @@ impl<'s> Generation<'s> {
             return Ok(self.end(None, String::new(), FinishReason::ContextFull));
         };
         self.timings.generated_tokens += 1;
+        self.sampler.advance(id);
+        let grammar_done = self.sampler.constraint().is_some_and(|c| c.is_finished());
         let event = if self.stop_tokens.contains(id) {
             self.end(Some(id), String::new(), FinishReason::EndOfGeneration)
         } else {
@@ -172,6 +180,10 @@ impl<'s> Generation<'s> {
                     text: chunk.text,
                     finish: Some(FinishReason::StopString(stop)),
                 }
+            } else if grammar_done {
+                // Nothing may follow the grammar's last token: end here rather than spend a
+                // forward pass on the only token allowed next (an end token).
+                self.end(Some(id), chunk.text, FinishReason::EndOfGeneration)
             } else if self.max_tokens == Some(self.timings.generated_tokens) {
                 self.end(Some(id), chunk.text, FinishReason::MaxTokens)
             } else {

@@ -107,7 +107,9 @@ impl StopConditions {
 /// Why a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
-    /// The model produced an end token (its id is the event's token).
+    /// The model produced an end token (its id is the event's token), or the output completed
+    /// its grammar constraint with nothing allowed after it (the event's token is the
+    /// grammar's last).
     EndOfGeneration,
     /// A stop string matched (the event's text ends right before it).
     StopString(String),
