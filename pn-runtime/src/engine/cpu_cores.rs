@@ -11,8 +11,13 @@ use std::collections::BTreeSet;
 
 /// Physical cores among the CPUs this process may run on, at most
 /// [`available_parallelism`](std::thread::available_parallelism) (which also honours a cgroup
-/// CPU quota), and at least 1.
+/// CPU quota), and at least 1. Read once per process (it reads a sysfs file per CPU).
 pub fn physical_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(count_physical_cores)
+}
+
+fn count_physical_cores() -> usize {
     let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
     linux_physical_cores()
         .filter(|&n| n > 0)
