@@ -218,3 +218,64 @@ fn bad_grammars_are_errors_naming_the_kind() {
     let e = factory().compile(&Grammar::Regex("(".into())).unwrap_err();
     assert!(e.to_string().contains("regex"), "{e}");
 }
+
+/// The cost of constrained decoding, interleaved in one process (run with `--ignored
+/// --nocapture`; timing, so not part of CI): tokens/s of greedy plain decoding against the same
+/// under a JSON schema (both without speculation: a constraint turns drafting off), and the
+/// grammar's own cost per token (mask + advance on the 248k-entry logits) without the model.
+#[test]
+#[ignore]
+fn constrained_decoding_overhead() {
+    use pn_runtime::speculative::Speculation;
+    use std::time::Instant;
+    let schema = json!({"type": "array", "minItems": 200,
+                        "items": {"type": "integer", "minimum": 0, "maximum": 999}});
+    let grammar = Grammar::JsonSchema(schema);
+    let n = 128;
+    let engine = demo_engine();
+    let mut session = engine.session().expect("session");
+    session.set_speculation(Speculation::None);
+    let mut best = [f64::MAX; 2];
+    for _ in 0..7 {
+        for (i, constrained) in [false, true].into_iter().enumerate() {
+            let params = SamplingParams {
+                constraint: constrained.then(|| factory().compile(&grammar).unwrap()),
+                ..SamplingParams::greedy()
+            };
+            let stop = StopConditions {
+                max_tokens: Some(n),
+                ignore_eog: true,
+                ..StopConditions::default()
+            };
+            session.reset().unwrap();
+            let mut g = session.generate("values = ", params, stop).unwrap();
+            for e in g.by_ref() {
+                e.unwrap();
+            }
+            let t = g.timings();
+            assert_eq!(t.generated_tokens, n);
+            best[i] = best[i].min(t.generation_time.as_secs_f64() / n as f64);
+        }
+    }
+    let (plain, constrained) = (1.0 / best[0], 1.0 / best[1]);
+    println!(
+        "demo model, greedy, {n} tokens, best of 7: plain {plain:.1} tokens/s, schema \
+         {constrained:.1} tokens/s ({:+.2}%)",
+        (constrained / plain - 1.0) * 100.0
+    );
+    // The grammar alone: mask and advance, greedy over flat logits (no model).
+    let vocab = engine.tokenizer().n_vocab();
+    let mut c = factory().compile(&grammar).unwrap();
+    let mut logits = vec![0.0f32; vocab];
+    let t0 = Instant::now();
+    for _ in 0..n {
+        logits.fill(0.0);
+        c.apply(&mut logits);
+        let id = pn_runtime::sampling::argmax(&logits).unwrap();
+        c.advance(id);
+    }
+    println!(
+        "grammar alone: {:.1} us per token (mask of {vocab} ids + advance)",
+        t0.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+}

@@ -127,3 +127,36 @@ def test_errors_are_openai_errors(client, server):
         assert err.code == 400
         body = json.loads(err.read())
         assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_structured_output_parse(client):
+    # `client.beta.chat.completions.parse` sends the pydantic model as a strict
+    # response_format json_schema and parses the reply into the model.
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Point(BaseModel):
+        x: int = Field(ge=0, le=9)
+        label: Literal["a", "b"]
+
+    r = client.beta.chat.completions.parse(
+        model="m", messages=[{"role": "user", "content": "A point?"}], response_format=Point, max_tokens=48, temperature=0
+    )
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Point)
+    assert 0 <= parsed.x <= 9 and parsed.label in ("a", "b")
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_json_object_and_llama_extras(client):
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "config?"}],
+        temperature=0,
+        response_format={"type": "json_object"},
+        extra_body={"cache_prompt": True, "n_predict": 32, "repeat_penalty": 1.0, "id_slot": -1, "top_k": 40, "min_p": 0.05},
+    )
+    assert r.choices[0].message.content.startswith("{")
+    assert r.usage.completion_tokens <= 32  # n_predict
+    assert r.choices[0].finish_reason in ("stop", "length")

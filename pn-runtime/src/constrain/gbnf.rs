@@ -36,7 +36,7 @@ pub fn gbnf_to_lark(gbnf: &str) -> Result<String, String> {
         }
         seen_root |= name == "root";
         out.push_str(&rule_name(name));
-        out.push_str(":");
+        out.push(':');
         i += 2;
         let start = i;
         // A rule's body runs until the next `name ::=`.

@@ -733,37 +733,56 @@ mod tests {
 
     #[test]
     fn settings_defaults_and_ranges() {
-        let (_, f) =
+        let (_, f, x) =
             parse_chat(br#"{"messages":[{"role":"user","content":"x"}],"seed":5,"stop":"\n"}"#)
                 .unwrap();
-        let s = f.settings(None, None).unwrap();
-        assert_eq!(s.params.temperature, 1.0);
+        let s = f
+            .settings(None, None, &x, &SamplingDefaults::default())
+            .unwrap();
+        // No sampling fields: `pn run`'s defaults (the issue's change from OpenAI's 1.0/off).
+        assert_eq!(s.params.temperature, 0.8);
+        assert_eq!(
+            (s.params.top_k, s.params.top_p, s.params.min_p),
+            (40, 0.95, 0.05)
+        );
         assert_eq!(s.params.seed, 5);
         assert_eq!(s.stop, vec!["\n".to_string()]);
         assert_eq!(s.max_tokens, None);
-        let (_, f) = parse_chat(br#"{"messages":[],"temperature":3}"#).unwrap();
+        let (_, f, x) = parse_chat(br#"{"messages":[],"temperature":3}"#).unwrap();
         assert_eq!(
-            f.settings(None, None).unwrap_err().param.as_deref(),
+            f.settings(None, None, &x, &SamplingDefaults::default())
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("temperature")
         );
-        let (_, f) = parse_chat(br#"{"messages":[],"n":2}"#).unwrap();
-        assert!(f.settings(None, None).is_err());
-        let (_, f) = parse_chat(br#"{"messages":[],"max_tokens":0}"#).unwrap();
-        assert!(f.settings(None, None).is_err());
-        let (_, f) = parse_chat(br#"{"messages":[],"max_tokens":9}"#).unwrap();
-        assert_eq!(f.settings(Some(3), None).unwrap().max_tokens, Some(3));
+        let (_, f, x) = parse_chat(br#"{"messages":[],"n":2}"#).unwrap();
+        assert!(f
+            .settings(None, None, &x, &SamplingDefaults::default())
+            .is_err());
+        let (_, f, x) = parse_chat(br#"{"messages":[],"max_tokens":0}"#).unwrap();
+        assert!(f
+            .settings(None, None, &x, &SamplingDefaults::default())
+            .is_err());
+        let (_, f, x) = parse_chat(br#"{"messages":[],"max_tokens":9}"#).unwrap();
+        assert_eq!(
+            f.settings(Some(3), None, &x, &SamplingDefaults::default())
+                .unwrap()
+                .max_tokens,
+            Some(3)
+        );
     }
 
     #[test]
     fn messages_become_template_input() {
-        let (r, _) = parse_chat(
+        let (r, _, _) = parse_chat(
             br#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"user","content":"hi"}]}"#,
         )
         .unwrap();
         let m = r.template_messages().unwrap();
         assert_eq!(m[0]["role"], "system");
         assert_eq!(m[0]["content"], "ab");
-        let (r, _) = parse_chat(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
+        let (r, _, _) = parse_chat(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
         assert_eq!(
             r.template_messages().unwrap_err().param.as_deref(),
             Some("messages[0].role")
