@@ -10,6 +10,8 @@ namespace kpn {
 #include "pn_gemv.cu"
 }
 namespace legacy {
+using kpn::pn_block_dot_h2;
+using kpn::pn_load_pair;
 using kpn::pn_x_scale_exp;
 #include "legacy_pn_gemv.cuh"
 }

@@ -3,11 +3,8 @@
 // its costs: staged x read at a lane stride of 64 (pn4t) / 80 (pn3t) words (32- / 16-way bank
 // conflicts) and 17 weight loads per lane 68 bytes apart (8x the minimum sectors). Host-only: the
 // only change is the shared-memory declarations (PN_SMEM / PN_SPTR) the emulator counts through.
-// Included by host/emu_pn_gemv.cpp inside namespace legacy, after pn_gemv.cu's pn_h2u.
-union pn_h2u {
-    pn_u32 u;
-    __half2 h;
-};
+// Included by host/emu_pn_gemv.cpp inside namespace legacy; the per-lane pair load and block
+// dot (unchanged since) are pn_gemv.cu's own.
 // Stages x[0..K) into xs as half2 times 2^e; returns e (undo with ldexpf(y, -e)).
 PN_DEV int pn_stage_x_h2(const float* __restrict__ x, int K, PN_SPTR(__half2) xs, PN_SPTR(float) scratch) {
     float amax = 0.0f;
@@ -32,47 +29,6 @@ PN_DEV int pn_stage_prepared(const __half2* __restrict__ xh, const int* __restri
     for (int i = threadIdx.x; i < K / 8; i += blockDim.x) dst[i] = __ldg(src + i);
     __syncthreads();
     return __ldg(e);
-}
-
-// Loads pair q (17 words). The tensor's last pair may hold one block only (odd block count):
-// then only its first 34 bytes are read.
-PN_DEV void pn_load_pair(const pn_u32* __restrict__ w, pn_u64 q, pn_u64 total_blocks, pn_u32* p) {
-    const pn_u32* pp = w + (pn_u64)PN_PAIR_WORDS * q;
-    if (2 * q + 1 < total_blocks) {
-#pragma unroll
-        for (int i = 0; i < PN_PAIR_WORDS; ++i) p[i] = __ldg(pp + i);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) p[i] = __ldg(pp + i);
-        p[8] = __ldg(reinterpret_cast<const unsigned short*>(pp + 8));
-#pragma unroll
-        for (int i = 9; i < PN_PAIR_WORDS; ++i) p[i] = 0;
-    }
-}
-
-// d * sum (n - z) x over one block, with fp16 products summed per word and fp32 across words.
-template <int BITS, int BLK>
-PN_DEV float pn_block_dot_h2(const pn_u32* p, PN_SPTR(const __half2) xs) {
-    typedef PnTraits<BITS> T;
-    pn_h2u zz;
-    zz.u = pn_zero_h2bits<BITS>();
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const pn_u32 w = pn_pair_word(p, BLK, i);
-        __half2 a = __float2half2_rn(0.0f);
-#pragma unroll
-        for (int j = 0; j < T::PAIRS; ++j) {
-            pn_h2u c;
-            c.u = pn_code_pair_h2bits<BITS>(w, j);
-            a = __hfma2(__hsub2(c.h, zz.h), xs[i * T::PAIRS + j], a);
-        }
-        const float2 f = __half22float2(a);
-        s = pn_add(s, pn_add(f.x, f.y));
-    }
-    // __fmul_rn / __fadd_rn here and in the callers: no FMA contraction, so the result is
-    // reproducible on the host (tests/common emulates this kernel bit for bit).
-    return pn_mul(pn_f16_to_f32(pn_pair_scale_bits(p, BLK)), s);
 }
 
 // Rows with an even block count: every row starts on a pair, so the ROWS rows of a warp share
