@@ -131,8 +131,38 @@ fn build_host_shim(manifest: &Path) {
         // IEEE semantics on the host too: the shim is the reference for the device code.
         .flag_if_supported("-ffp-contract=off")
         .flag_if_supported("-fno-fast-math")
+        // The emulator's fibers switch with swapcontext (a returns-twice call); its locals are
+        // re-read after each switch, so the clobber warning does not apply.
+        .flag_if_supported("-Wno-clobbered")
         .warnings(true)
         .compile("pn_kernels_host_shim");
+
+    // The kernel sources themselves under the SIMT emulator (host/simt_emu.h): __CUDACC__ makes
+    // them take their device code paths, PN_EMU gives the counting shared-memory pointers, and
+    // host/emu (first on the include path) stands in for <cuda_fp16.h>. Optimised even in debug
+    // builds: the host tests run whole launches.
+    let mut emu = cc::Build::new();
+    emu.cpp(true)
+        .include(manifest.join("host/emu"))
+        .include(manifest.join("kernels"))
+        .include(manifest.join("host"))
+        .define("__CUDACC__", None)
+        .define("PN_EMU", None)
+        .opt_level(2)
+        // CUDA code type-puns through pointer casts (uint4 -> __half2, u32 words of bytes).
+        .flag_if_supported("-fno-strict-aliasing")
+        .flag_if_supported("-std=c++17")
+        .flag_if_supported("-ffp-contract=off")
+        .flag_if_supported("-fno-fast-math")
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-unknown-pragmas")
+        .flag_if_supported("-Wno-clobbered")
+        .warnings(true);
+    for f in ["emu_pn_gemv.cpp", "emu_norm.cpp", "emu_attention.cpp"] {
+        println!("cargo:rerun-if-changed=host/{f}");
+        emu.file(manifest.join("host").join(f));
+    }
+    emu.compile("pn_kernels_host_emu");
 }
 
 fn select_compiler() -> Result<Option<Compiler>, String> {

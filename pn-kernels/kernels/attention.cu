@@ -132,8 +132,13 @@ __device__ void attn_partial(const float* __restrict__ q, long long q_tok_stride
                              const KV* __restrict__ kc, const KV* __restrict__ vc, long long pos_stride, long long head_stride,
                              int group, int p0, int chunk, float scale,
                              float* __restrict__ part_o, float* __restrict__ part_ml) {
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][ATT_D];
+    PN_SMEM(float, sm_m, ATT_WARPS);
+    PN_SMEM(float, sm_l, ATT_WARPS);
+    // Per warp its 256 accumulated dims; dim 8l + i (lane l, i < 8) at word 8l + (i ^ f) with
+    // f = (8l / 32) & 7 = bits 2..4 of l: the lanes' stores of one i then hit 32 banks (unswizzled
+    // stride 8: 8-way), and the reads by dim d = threadIdx.x (f constant over a warp) a permuted
+    // run of 32 words.
+    PN_SMEM(float, sm_acc, ATT_WARPS * ATT_D);
     const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z;
     const int n_head = gridDim.x, n_split = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -166,7 +171,7 @@ __device__ void attn_partial(const float* __restrict__ q, long long q_tok_stride
     }
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sm_acc[warp][lane * 8 + i] = acc[i];
+    for (int i = 0; i < 8; ++i) sm_acc[warp * ATT_D + lane * 8 + (i ^ ((lane >> 2) & 7))] = acc[i];
     __syncthreads();
     const int d = threadIdx.x;
     float M = -PN_INF;
@@ -177,7 +182,7 @@ __device__ void attn_partial(const float* __restrict__ q, long long q_tok_stride
             if (sm_l[w] == 0.0f) continue; // a warp that saw no position
             const float f = expf(sm_m[w] - M);
             L += sm_l[w] * f;
-            A += sm_acc[w][d] * f;
+            A += sm_acc[w * ATT_D + (d & ~7) + ((d & 7) ^ ((d >> 5) & 7))] * f;
         }
     }
     const long long idx = ((long long)t * n_head + h) * n_split + s;

@@ -94,6 +94,21 @@ PN_HD pn_u32 pn_load_u32(const pn_u8* p) {
     return (pn_u32)p[0] | ((pn_u32)p[1] << 8) | ((pn_u32)p[2] << 16) | ((pn_u32)p[3] << 24);
 }
 
+// Shared-memory declarations and pointers. On the device plain CUDA; under the host emulator
+// (PN_EMU, host/simt_emu.h) pointers that record each access, so that it can count bank
+// conflicts. Kernels declare every shared array with these, so none escapes the count.
+#if defined(PN_EMU)
+#define PN_SMEM(T, name, n) alignas(16) static thread_local T name##_emu_[n]; const emu::sp<T> name(name##_emu_)
+#define PN_DYN_SMEM(T, name) const emu::sp<T> name(reinterpret_cast<T*>(emu::dyn_smem()))
+#define PN_SPTR(T) emu::sp<T>
+#define PN_SCAST(T, p) ((p).template cast<T>())
+#elif defined(__CUDACC__)
+#define PN_SMEM(T, name, n) __shared__ __align__(16) T name[n]
+#define PN_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#define PN_SPTR(T) T*
+#define PN_SCAST(T, p) reinterpret_cast<T*>(p)
+#endif
+
 #if defined(__CUDACC__)
 #define PN_INF __int_as_float(0x7f800000)
 // Warp-wide reductions over all 32 lanes.
@@ -108,7 +123,7 @@ PN_DEV float pn_warp_max(float v) {
     return v;
 }
 // Block-wide sum; `scratch` holds at least 32 floats; every thread gets the result.
-PN_DEV float pn_block_sum(float v, float* scratch) {
+PN_DEV float pn_block_sum(float v, PN_SPTR(float) scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = pn_warp_sum(v);
     __syncthreads();
@@ -117,7 +132,7 @@ PN_DEV float pn_block_sum(float v, float* scratch) {
     float t = lane < nwarps ? scratch[lane] : 0.0f;
     return pn_warp_sum(t);
 }
-PN_DEV float pn_block_max(float v, float* scratch) {
+PN_DEV float pn_block_max(float v, PN_SPTR(float) scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = pn_warp_max(v);
     __syncthreads();

@@ -4,14 +4,20 @@
 // contiguous chunks, so T rows of K values are T*K/R chunks.
 #include "hadamard.cuh"
 
-// In-place FWHT of every R-chunk of buf[0..n) (n a multiple of R), all threads of the block.
-PN_DEV void pn_fwht_smem(float* buf, int n, int R) {
+// In-place FWHT of every R-chunk of buf[0..n) (n a multiple of R, R >= 64), all threads of the
+// block. The 32 butterflies of a warp cover 64 consecutive words; for spans h < 32 their first
+// elements fall in 16 banks twice over (a 2-way conflict), so lanes 16..31 access their partner
+// first: each of the two loads (and stores) of the warp then hits 32 distinct banks.
+PN_DEV void pn_fwht_smem(PN_SPTR(float) buf, int n, int R) {
+    const bool swap = (threadIdx.x & 16) != 0;
     for (int h = 1; h < R; h <<= 1) {
         for (int k = threadIdx.x; k < n / 2; k += blockDim.x) {
             const int i = pn_fwht_first(k, R, h), j = i + h;
-            const float a = buf[i], b = buf[j];
-            buf[i] = a + b;
-            buf[j] = a - b;
+            const int first = swap ? j : i, second = swap ? i : j;
+            const float u = buf[first], v = buf[second];
+            const float a = swap ? v : u, b = swap ? u : v;
+            buf[first] = swap ? a - b : a + b;
+            buf[second] = swap ? a + b : a - b;
         }
         __syncthreads();
     }
@@ -25,8 +31,8 @@ extern "C" {
 __global__ void __launch_bounds__(512) rms_norm_hadamard_f32(const float* x, long long x_stride, float* y,
                                                              long long y_stride, const float* __restrict__ w, int n, float eps,
                                                              int R, float scale) {
-    extern __shared__ float buf[];
-    __shared__ float scratch[32];
+    PN_DYN_SMEM(float, buf);
+    PN_SMEM(float, scratch, 32);
     const float* xr = x + blockIdx.x * x_stride;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -47,7 +53,7 @@ __global__ void __launch_bounds__(512) rms_norm_hadamard_f32(const float* x, lon
 // dynamic shared memory R floats.
 __global__ void __launch_bounds__(512) swiglu_hadamard_f32(const float* __restrict__ gate, const float* __restrict__ up,
                                                            float* __restrict__ out, int R, float scale) {
-    extern __shared__ float buf[];
+    PN_DYN_SMEM(float, buf);
     const long long base = (long long)blockIdx.x * R;
     for (int i = threadIdx.x; i < R; i += blockDim.x) buf[i] = pn_silu(gate[base + i]) * up[base + i];
     __syncthreads();
@@ -57,7 +63,7 @@ __global__ void __launch_bounds__(512) swiglu_hadamard_f32(const float* __restri
 
 // Block R/2 threads (at most 512); dynamic shared memory R floats. y may be null: in place.
 __global__ void __launch_bounds__(512) hadamard_f32(const float* x, float* y, int R, float scale) {
-    extern __shared__ float buf[];
+    PN_DYN_SMEM(float, buf);
     if (!y) y = const_cast<float*>(x);
     const long long base = (long long)blockIdx.x * R;
     for (int i = threadIdx.x; i < R; i += blockDim.x) buf[i] = x[base + i];

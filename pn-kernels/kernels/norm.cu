@@ -11,7 +11,7 @@ extern "C" {
 __global__ void __launch_bounds__(1024) rms_norm_f32(const float* x, long long x_ts, long long x_hs,
                                                      float* y, long long y_ts, long long y_hs,
                                                      const float* __restrict__ w, int n, float eps) {
-    __shared__ float scratch[32];
+    PN_SMEM(float, scratch, 32);
     const float* xr = x + blockIdx.y * x_ts + blockIdx.x * x_hs;
     float* yr = y ? y + blockIdx.y * y_ts + blockIdx.x * y_hs : const_cast<float*>(xr);
     float ss = 0.0f;
@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(1024) gated_rms_norm_f32(const float* o, long 
                                                            const float* __restrict__ z, long long z_ts, long long z_hs,
                                                            float* y, long long y_ts, long long y_hs,
                                                            const float* __restrict__ w, int n, float eps) {
-    __shared__ float scratch[32];
+    PN_SMEM(float, scratch, 32);
     const float* orow = o + blockIdx.y * o_ts + blockIdx.x * o_hs;
     const float* zr = z + blockIdx.y * z_ts + blockIdx.x * z_hs;
     float* yr = y ? y + blockIdx.y * y_ts + blockIdx.x * y_hs : const_cast<float*>(orow);
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(1024) gated_rms_norm_f32(const float* o, long 
 __global__ void __launch_bounds__(1024) l2_norm_f32(const float* x, long long x_ts, long long x_hs,
                                                     float* y, long long y_ts, long long y_hs,
                                                     int n, float eps, float scale) {
-    __shared__ float scratch[32];
+    PN_SMEM(float, scratch, 32);
     const float* xr = x + blockIdx.y * x_ts + blockIdx.x * x_hs;
     float* yr = y ? y + blockIdx.y * y_ts + blockIdx.x * y_hs : const_cast<float*>(xr);
     float ss = 0.0f;

@@ -30,34 +30,51 @@ PN_DEV float pn_x_scale_exp(float amax, int* e_out) {
     return ldexpf(1.0f, se);
 }
 
-// Stages x[0..K) into xs as half2 times 2^e; returns e (undo with ldexpf(y, -e)).
-PN_DEV int pn_stage_x_h2(const float* __restrict__ x, int K, __half2* xs, float* scratch) {
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(__ldg(x + i)));
-    amax = pn_block_max(amax, scratch);
-    int e;
-    const float s = pn_x_scale_exp(amax, &e);
+// Staged activations in shared memory, padded: the WEIGHTS half2 words of each pair of blocks
+// (2 x WEIGHTS elements) are followed by one unused word, so pair j starts at word
+// j * (WEIGHTS + 1). The lanes of a warp work on consecutive pairs, so their reads are
+// WEIGHTS + 1 words apart: 65 (pn4t) or 81 (pn3t), odd, hence 32 distinct banks (unpadded, 64 and
+// 80 words gave 32- and 16-way bank conflicts). Half2 index h lives at word h + h / WEIGHTS.
+template <int BITS> PN_HD int pn_xs_words(int K) {
+    const int h = K / 2, w = PnTraits<BITS>::WEIGHTS;
+    return h + (h + w - 1) / w;
+}
+
+// Stages x[0..K) into xs as half2 times 2^e (padded as above); returns e (undo with
+// ldexpf(y, -e)). Thread t writes padded word t + i * blockDim (consecutive words: no bank
+// conflict); the pad words are skipped. PREP: x arrives converted (see pn_prepare_x_h2).
+template <int BITS, bool PREP>
+PN_DEV int pn_stage_x_h2(const float* __restrict__ x, const __half2* __restrict__ xh, const int* __restrict__ e_in, int K,
+                         PN_SPTR(__half2) xs, PN_SPTR(float) scratch) {
+    const int W = PnTraits<BITS>::WEIGHTS, H = K / 2;
+    int e = 0;
+    float s = 1.0f;
+    if (PREP) {
+        e = __ldg(e_in);
+    } else {
+        float amax = 0.0f;
+        for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(__ldg(x + i)));
+        amax = pn_block_max(amax, scratch);
+        s = pn_x_scale_exp(amax, &e);
+    }
     const float2* x2 = reinterpret_cast<const float2*>(x);
-    for (int i = threadIdx.x; i < K / 2; i += blockDim.x) {
-        float2 v = __ldg(x2 + i);
-        xs[i] = __floats2half2_rn(v.x * s, v.y * s); // exact scaling, one rounding to fp16
+    const int words = pn_xs_words<BITS>(K);
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+        const int pair = i / (W + 1), c = i - pair * (W + 1), h = pair * W + c;
+        if (c == W || h >= H) continue;
+        if (PREP) {
+            xs[i] = __ldg(xh + h);
+        } else {
+            const float2 v = __ldg(x2 + h);
+            xs[i] = __floats2half2_rn(v.x * s, v.y * s); // exact scaling, one rounding to fp16
+        }
     }
     __syncthreads();
     return e;
 }
 
-// Stages a prepared copy (see pn_prepare_x_h2) with 16-byte loads; returns its exponent. K is a
-// multiple of 16 (80 | K or 64 | K), so K/2 half2 are K/8 uint4.
-PN_DEV int pn_stage_prepared(const __half2* __restrict__ xh, const int* __restrict__ e, int K, __half2* xs) {
-    const uint4* src = reinterpret_cast<const uint4*>(xh);
-    uint4* dst = reinterpret_cast<uint4*>(xs);
-    for (int i = threadIdx.x; i < K / 8; i += blockDim.x) dst[i] = __ldg(src + i);
-    __syncthreads();
-    return __ldg(e);
-}
-
-// Loads pair q (17 words). The tensor's last pair may hold one block only (odd block count):
-// then only its first 34 bytes are read.
+// Loads pair q (17 words), one lane alone (the `any` kernels). The tensor's last pair may hold
+// one block only (odd block count): then only its first 34 bytes are read.
 PN_DEV void pn_load_pair(const pn_u32* __restrict__ w, pn_u64 q, pn_u64 total_blocks, pn_u32* p) {
     const pn_u32* pp = w + (pn_u64)PN_PAIR_WORDS * q;
     if (2 * q + 1 < total_blocks) {
@@ -73,8 +90,9 @@ PN_DEV void pn_load_pair(const pn_u32* __restrict__ w, pn_u64 q, pn_u64 total_bl
 }
 
 // d * sum (n - z) x over one block, with fp16 products summed per word and fp32 across words.
+// xs: the block's WEIGHTS/2 staged half2, consecutive.
 template <int BITS, int BLK>
-PN_DEV float pn_block_dot_h2(const pn_u32* p, const __half2* xs) {
+PN_DEV float pn_block_dot_h2(const pn_u32* p, PN_SPTR(const __half2) xs) {
     typedef PnTraits<BITS> T;
     pn_h2u zz;
     zz.u = pn_zero_h2bits<BITS>();
@@ -97,68 +115,152 @@ PN_DEV float pn_block_dot_h2(const pn_u32* p, const __half2* xs) {
     return pn_mul(pn_f16_to_f32(pn_pair_scale_bits(p, BLK)), s);
 }
 
-// Rows with an even block count: every row starts on a pair, so the ROWS rows of a warp share
-// their activation offsets and each lane has ROWS*17 words in flight.
-// PREP: x arrives prepared (fp16, scaled, exponent in *e_in) instead of as f32.
+// Block BLK of pair p[r] for ROWS rows at once: each staged word is read from shared memory once
+// and applied to every row (the per-row arithmetic is pn_block_dot_h2's, in the same order).
+template <int BITS, int BLK, int ROWS>
+PN_DEV void pn_block_dot_h2_rows(const pn_u32 (*p)[PN_PAIR_WORDS], PN_SPTR(const __half2) xs, float* out) {
+    typedef PnTraits<BITS> T;
+    pn_h2u zz;
+    zz.u = pn_zero_h2bits<BITS>();
+    float s[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) s[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        __half2 xv[T::PAIRS];
+#pragma unroll
+        for (int j = 0; j < T::PAIRS; ++j) xv[j] = xs[i * T::PAIRS + j];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const pn_u32 w = pn_pair_word(p[r], BLK, i);
+            __half2 a = __float2half2_rn(0.0f);
+#pragma unroll
+            for (int j = 0; j < T::PAIRS; ++j) {
+                pn_h2u c;
+                c.u = pn_code_pair_h2bits<BITS>(w, j);
+                a = __hfma2(__hsub2(c.h, zz.h), xv[j], a);
+            }
+            const float2 f = __half22float2(a);
+            s[r] = pn_add(s[r], pn_add(f.x, f.y));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) out[r] = pn_mul(pn_f16_to_f32(pn_pair_scale_bits(p[r], BLK)), s[r]);
+}
+
+// Words per warp tile of one row: 32 pairs of 17 words.
+#define PN_TILE_WORDS (32 * PN_PAIR_WORDS)
+
+// Chunk c (pairs 32c .. 32c+32) of ROWS rows from row0, as the warp reads it: lane l loads words
+// l, l + 32, .. of each row's contiguous chunk (every LDG of the warp is 128 consecutive bytes,
+// 32-byte aligned when the row length in bytes is: 4 sectors, the minimum). Rows past N load 0.
+template <int ROWS>
+PN_DEV void pn_load_chunk(const pn_u32* __restrict__ w, int row0, int N, int npairs, int c, int lane, pn_u32 (*v)[PN_PAIR_WORDS]) {
+    const int valid = min(32, npairs - 32 * c) * PN_PAIR_WORDS;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const pn_u32* base = w + ((pn_u64)(row0 + r) * npairs + 32 * c) * PN_PAIR_WORDS;
+        const bool row_ok = row0 + r < N;
+#pragma unroll
+        for (int m = 0; m < PN_PAIR_WORDS; ++m) {
+            const int i = lane + 32 * m;
+            v[r][m] = row_ok && i < valid ? __ldg(base + i) : 0u;
+        }
+    }
+}
+
+// Rows with an even block count: every row starts on a pair. Block of `nwarps` warps; each warp
+// owns ROWS consecutive rows of a row group, the block loops over row groups (grid-stride), so x
+// is staged once per block for many rows. Shared memory: the staged x (pn_xs_words words), then
+// one tile of ROWS x PN_TILE_WORDS words per warp. Per chunk of 32 pairs the warp loads its rows'
+// contiguous weight bytes coalesced into registers, writes them to its tile, and each lane then
+// takes its own pair at word stride 17 (odd: no bank conflict) and dots it with its pair of x
+// (stride WEIGHTS + 1: no bank conflict). The first chunk's loads are issued before the staging
+// barrier (they do not depend on x). Lane l works on pair 32c + l of each row as before, so the
+// results are the same bits.
 template <int BITS, int ROWS, bool PREP>
 __device__ void pn_gemv_h2_even(const pn_u32* __restrict__ w, const float* __restrict__ x, const __half2* __restrict__ xh,
                                 const int* __restrict__ e_in, float* __restrict__ y, int N, int K) {
     typedef PnTraits<BITS> T;
-    extern __shared__ __half2 xs[];
-    __shared__ float scratch[32];
-    const int e = PREP ? pn_stage_prepared(xh, e_in, K, xs) : pn_stage_x_h2(x, K, xs, scratch);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * ROWS;
-    if (row0 >= N) return;
-    const int nb = K / T::WEIGHTS;
-    const int npairs = nb / 2;
-    const pn_u64 total = (pn_u64)N * nb;
-    float acc[ROWS];
+    PN_DYN_SMEM(pn_u32, smem);
+    PN_SMEM(float, scratch, 32);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    PN_SPTR(__half2) const xs = PN_SCAST(__half2, smem);
+    PN_SPTR(pn_u32) const tile = smem + pn_xs_words<BITS>(K) + warp * ROWS * PN_TILE_WORDS;
+    const int npairs = K / (2 * T::WEIGHTS), nchunks = (npairs + 31) / 32;
+    const int group_rows = nwarps * ROWS;
+    pn_u32 v[ROWS][PN_PAIR_WORDS];
+    int row0 = (blockIdx.x * nwarps + warp) * ROWS;
+    if (row0 < N) pn_load_chunk<ROWS>(w, row0, N, npairs, 0, lane, v);
+    const int e = pn_stage_x_h2<BITS, PREP>(x, xh, e_in, K, xs, scratch);
+    for (int g = blockIdx.x; g * group_rows < N; g += gridDim.x) {
+        row0 = (g * nwarps + warp) * ROWS;
+        if (row0 >= N) continue; // warp-uniform; no block barrier follows
+        float acc[ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    for (int j = lane; j < npairs; j += 32) {
-        pn_u32 p[ROWS][PN_PAIR_WORDS];
+        for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+        for (int c = 0; c < nchunks; ++c) {
+            if (c > 0 || g != (int)blockIdx.x) pn_load_chunk<ROWS>(w, row0, N, npairs, c, lane, v);
+            __syncwarp(); // the previous chunk's tile reads are done
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int m = 0; m < PN_PAIR_WORDS; ++m) tile[r * PN_TILE_WORDS + lane + 32 * m] = v[r][m];
+            __syncwarp();
+            const int j = 32 * c + lane;
+            if (j < npairs) {
+                pn_u32 p[ROWS][PN_PAIR_WORDS];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                    for (int i = 0; i < PN_PAIR_WORDS; ++i) p[r][i] = tile[r * PN_TILE_WORDS + lane * PN_PAIR_WORDS + i];
+                PN_SPTR(const __half2) const xb = xs + j * (T::WEIGHTS + 1);
+                float b0[ROWS], b1[ROWS];
+                pn_block_dot_h2_rows<BITS, 0, ROWS>(p, xb, b0);
+                pn_block_dot_h2_rows<BITS, 1, ROWS>(p, xb + T::WEIGHTS / 2, b1);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r] = pn_add(acc[r], pn_add(b0[r], b1[r]));
+            }
+        }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-            const int row = min(row0 + r, N - 1); // clamp: a tail row is computed, not stored
-            pn_load_pair(w, (pn_u64)row * npairs + j, total, p[r]);
+            const float s = pn_warp_sum(acc[r]);
+            if (lane == 0 && row0 + r < N) y[row0 + r] = ldexpf(s, -e);
         }
-        const __half2* xb = xs + j * T::WEIGHTS; // pair j covers 2*WEIGHTS elements
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            acc[r] = pn_add(acc[r], pn_add(pn_block_dot_h2<BITS, 0>(p[r], xb), pn_block_dot_h2<BITS, 1>(p[r], xb + T::WEIGHTS / 2)));
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const float v = pn_warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < N) y[row0 + r] = ldexpf(v, -e);
     }
 }
 
-// Any block count (odd nb: rows alternate between starting on a pair and inside one).
+// Any block count (odd nb: rows alternate between starting on a pair and inside one). One warp
+// per row, grid-stride over rows; each lane loads its own pairs (17 loads 68 bytes apart: not
+// coalesced, but no 27B matrix takes this path: their block counts are even).
 template <int BITS, bool PREP>
 __device__ void pn_gemv_h2_any(const pn_u32* __restrict__ w, const float* __restrict__ x, const __half2* __restrict__ xh,
                                const int* __restrict__ e_in, float* __restrict__ y, int N, int K) {
     typedef PnTraits<BITS> T;
-    extern __shared__ __half2 xs[];
-    __shared__ float scratch[32];
-    const int e = PREP ? pn_stage_prepared(xh, e_in, K, xs) : pn_stage_x_h2(x, K, xs, scratch);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (row >= N) return;
+    PN_DYN_SMEM(__half2, xs);
+    PN_SMEM(float, scratch, 32);
+    const int e = pn_stage_x_h2<BITS, PREP>(x, xh, e_in, K, xs, scratch);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const pn_u64 nb = (pn_u64)(K / T::WEIGHTS);
-    const pn_u64 g0 = (pn_u64)row * nb, total = (pn_u64)N * nb;
-    float acc = 0.0f;
-    for (pn_u64 q = pn_row_first_pair(g0) + lane; q < pn_row_end_pair(g0, nb); q += 32) {
-        pn_u32 p[PN_PAIR_WORDS];
-        pn_load_pair(w, q, total, p);
-        if (pn_block_in_row(q, 0, g0, nb))
-            acc = pn_add(acc, pn_block_dot_h2<BITS, 0>(p, xs + (2 * q - g0) * T::WEIGHTS / 2));
-        if (pn_block_in_row(q, 1, g0, nb))
-            acc = pn_add(acc, pn_block_dot_h2<BITS, 1>(p, xs + (2 * q + 1 - g0) * T::WEIGHTS / 2));
+    for (int row = blockIdx.x * nwarps + warp; row < N; row += gridDim.x * nwarps) {
+        const pn_u64 g0 = (pn_u64)row * nb, total = (pn_u64)N * nb;
+        float acc = 0.0f;
+        for (pn_u64 q = pn_row_first_pair(g0) + lane; q < pn_row_end_pair(g0, nb); q += 32) {
+            pn_u32 p[PN_PAIR_WORDS];
+            pn_load_pair(w, q, total, p);
+            // Block b of the row starts at half2 b * WEIGHTS / 2, inside staged pair b / 2.
+            if (pn_block_in_row(q, 0, g0, nb)) {
+                const int b = (int)(2 * q - g0);
+                acc = pn_add(acc, pn_block_dot_h2<BITS, 0>(p, xs + b * T::WEIGHTS / 2 + b / 2));
+            }
+            if (pn_block_in_row(q, 1, g0, nb)) {
+                const int b = (int)(2 * q + 1 - g0);
+                acc = pn_add(acc, pn_block_dot_h2<BITS, 1>(p, xs + b * T::WEIGHTS / 2 + b / 2));
+            }
+        }
+        acc = pn_warp_sum(acc);
+        if (lane == 0) y[row] = ldexpf(acc, -e);
     }
-    acc = pn_warp_sum(acc);
-    if (lane == 0) y[row] = ldexpf(acc, -e);
 }
 
 // fp32 reference-order kernel: one warp per row, x read through the read-only cache.
@@ -189,7 +291,7 @@ extern "C" {
 // One block of 1024 threads: the staging of pn_stage_x_h2 done once, for every matrix that reads
 // the same activation: xh[i] = fp16(x * 2^e) as half2, *e_out = e.
 __global__ void __launch_bounds__(1024) pn_prepare_x_h2(const float* __restrict__ x, int K, __half2* __restrict__ xh, int* __restrict__ e_out) {
-    __shared__ float scratch[32];
+    PN_SMEM(float, scratch, 32);
     float amax = 0.0f;
     for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(x[i]));
     amax = pn_block_max(amax, scratch);

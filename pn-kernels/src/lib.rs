@@ -23,11 +23,14 @@
 #![warn(missing_docs)]
 
 mod embedded;
+#[doc(hidden)]
+pub mod emu;
 mod error;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[doc(hidden)]
 pub mod host_shim;
+pub mod launch;
 mod types;
 
 pub use embedded::{build_info, kernels_available, module, modules, ptxas_report, EmbeddedModule};

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 mod golden;
 mod quant_error;
 mod synth_model;
+mod traffic;
 
 /// `cargo xtask`: developer tasks of the pn workspace.
 #[derive(Parser)]
@@ -26,6 +27,8 @@ enum Task {
     Golden(golden::Args),
     /// Per-tensor error of pn3t/pn4t (rotated or not) against Q3_K/Q4_K on any GGUF's weights.
     QuantError(quant_error::Args),
+    /// Memory traffic model of one 27B decode token on the P100 (checked against the emulator).
+    Traffic(traffic::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Task::SynthModel(args) => synth_model::run(args),
         Task::Golden(args) => golden::run(args),
         Task::QuantError(args) => quant_error::run(args),
+        Task::Traffic(args) => traffic::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -424,6 +424,20 @@ fn assign_types(shape: &Shape, seed: u64) -> Result<Assigned, Box<dyn std::error
     Ok((planned, promoted, r))
 }
 
+/// One planned tensor: name, dims (GGUF order), type.
+pub type PlannedTensor = (String, Vec<u64>, GgmlType);
+
+/// The 27B model's tensors as synth-model writes them, typed by the P0k+19 rules (the traffic
+/// model's weight bytes).
+pub fn planned_27b() -> Result<Vec<PlannedTensor>, Box<dyn std::error::Error>> {
+    let shape = Shape::parse("27b")?;
+    let (planned, _, _) = assign_types(&shape, 1234)?;
+    Ok(planned
+        .into_iter()
+        .map(|p| (p.name, p.dims, p.ty))
+        .collect())
+}
+
 fn fxhash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)

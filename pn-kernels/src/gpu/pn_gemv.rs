@@ -3,11 +3,9 @@
 
 use super::{drv, Gpu, MatrixShape};
 use crate::error::{check, KernelError};
+use crate::launch::{self, Launch, PN_H2_MAX_K as H2_MAX_K};
 use crate::types::{PnPrecision, WeightType};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
-
-/// Longest row the half2 kernels take: the fp16 copy of x lives in 48 KB of shared memory.
-const H2_MAX_K: usize = 24576;
 
 impl Gpu {
     /// Checks a PN matrix-vector call; returns the code width (3/4) and blocks per row.
@@ -53,30 +51,25 @@ impl Gpu {
         Ok((bits, k / ty.block_elems()))
     }
 
-    /// The half2 kernel for a shape, its rows per warp: two rows per warp once there are
-    /// enough rows to keep 56 SMs busy; the `any` kernel for odd block counts.
-    fn pn_h2_kernel(bits: u32, nb: usize, n: usize, prepared: bool) -> (&'static str, usize) {
-        let r2 = nb.is_multiple_of(2) && n >= 4096;
-        let name = match (bits, nb.is_multiple_of(2), r2, prepared) {
-            (3, true, true, false) => "pn3t_gemv_h2_r2",
-            (3, true, false, false) => "pn3t_gemv_h2_r1",
-            (3, false, _, false) => "pn3t_gemv_h2_any",
-            (_, true, true, false) => "pn4t_gemv_h2_r2",
-            (_, true, false, false) => "pn4t_gemv_h2_r1",
-            (_, false, _, false) => "pn4t_gemv_h2_any",
-            (3, true, true, true) => "pn3t_gemv_h2p_r2",
-            (3, true, false, true) => "pn3t_gemv_h2p_r1",
-            (3, false, _, true) => "pn3t_gemv_h2p_any",
-            (_, true, true, true) => "pn4t_gemv_h2p_r2",
-            (_, true, false, true) => "pn4t_gemv_h2p_r1",
-            (_, false, _, true) => "pn4t_gemv_h2p_any",
-        };
-        (name, if r2 { 2 } else { 1 })
+    /// The half2 kernel and launch geometry for a shape ([`launch::pn_h2`]).
+    fn pn_h2_launch(
+        op: &'static str,
+        bits: u32,
+        n: usize,
+        k: usize,
+        prepared: bool,
+    ) -> Result<Launch, KernelError> {
+        launch::pn_h2(bits, n, k, prepared, None).ok_or_else(|| KernelError::Shape {
+            op,
+            what: format!(
+                "k = {k} exceeds {H2_MAX_K}, the shared-memory limit of the half2 kernel"
+            ),
+        })
     }
 
     /// `y[0..n) = W x` for a PN weight of `m.n` rows by `m.k` columns (`w` = the tensor's
-    /// bytes). `k` must be a multiple of 80 (pn3t) or 64 (pn4t); with `Half2`, `k <= 24576`
-    /// (the fp16 copy of x lives in 48 KB of shared memory). Each thread block stages x itself;
+    /// bytes). `k` must be a multiple of 80 (pn3t) or 64 (pn4t); with `Half2`, `k <= 23040`
+    /// ([`launch::PN_H2_MAX_K`]: the padded fp16 copy of x and a weight tile live in 48 KB). Each thread block stages x itself;
     /// when several matrices read the same x, [`Gpu::pn_prepare_x`] + [`Gpu::pn_gemv_prepared`]
     /// convert it once (same results, bit for bit).
     pub fn pn_gemv(
@@ -88,40 +81,35 @@ impl Gpu {
         y: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "pn_gemv";
-        let (bits, nb) = self.pn_check(OP, m, w, y.len())?;
+        let (bits, _) = self.pn_check(OP, m, w, y.len())?;
         let MatrixShape { n, k, .. } = m;
         check(x.len() >= k, OP, || {
             format!("x has {} elements, k = {k}", x.len())
         })?;
         self.check_align(OP, "x", x, 8)?;
-        let (name, rows_per_warp, smem) = match precision {
-            PnPrecision::F32 => (
-                if bits == 3 {
+        let l = match precision {
+            PnPrecision::F32 => Launch {
+                kernel: if bits == 3 {
                     "pn3t_gemv_f32"
                 } else {
                     "pn4t_gemv_f32"
                 },
-                1,
-                0,
-            ),
-            PnPrecision::Half2 => {
-                check(k <= H2_MAX_K, OP, || {
-                    format!(
-                        "k = {k} exceeds {H2_MAX_K}, the shared-memory limit of the half2 kernel"
-                    )
-                })?;
-                let (name, r) = Self::pn_h2_kernel(bits, nb, n, false);
-                (name, r, (k * 2) as u32)
-            }
+                grid: n.div_ceil(8) as u32,
+                threads: 256,
+                smem: 0,
+                rows_per_warp: 1,
+            },
+            PnPrecision::Half2 => Self::pn_h2_launch(OP, bits, n, k, false)?,
         };
-        let grid = n.div_ceil(8 * rows_per_warp) as u32;
+        let name = l.kernel;
         let f = self.func("pn_gemv", name)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(w).arg(x).arg(y).arg(&n_i).arg(&k_i);
         // SAFETY: argument list matches the kernel signature (w, x, y, N, K); buffer lengths
-        // were checked above; the grid covers n rows with 8 warps per block.
-        unsafe { b.launch(Self::cfg((grid, 1, 1), 256, smem)) }.map_err(drv(name))?;
+        // were checked above; the f32 grid covers n rows with 8 warps per block, the half2
+        // kernels loop over row groups; shared memory as launch::pn_h2 sized it (<= 48 KB).
+        unsafe { b.launch(Self::cfg((l.grid, 1, 1), l.threads, l.smem)) }.map_err(drv(name))?;
         Ok(())
     }
 
@@ -168,7 +156,7 @@ impl Gpu {
         y: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "pn_gemv_prepared";
-        let (bits, nb) = self.pn_check(OP, m, w, y.len())?;
+        let (bits, _) = self.pn_check(OP, m, w, y.len())?;
         let MatrixShape { n, k, .. } = m;
         check(k <= H2_MAX_K && xh.len() >= k && !e.is_empty(), OP, || {
             format!(
@@ -178,14 +166,14 @@ impl Gpu {
             )
         })?;
         self.check_align(OP, "xh", xh, 16)?;
-        let (name, rows_per_warp) = Self::pn_h2_kernel(bits, nb, n, true);
-        let grid = n.div_ceil(8 * rows_per_warp) as u32;
+        let l = Self::pn_h2_launch(OP, bits, n, k, true)?;
+        let name = l.kernel;
         let f = self.func("pn_gemv", name)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(w).arg(xh).arg(e).arg(y).arg(&n_i).arg(&k_i);
-        // SAFETY: (w, xh, e, y, N, K) as declared; lengths checked; shared memory K halves.
-        unsafe { b.launch(Self::cfg((grid, 1, 1), 256, (k * 2) as u32)) }.map_err(drv(name))?;
+        // SAFETY: (w, xh, e, y, N, K) as declared; lengths checked; geometry from launch::pn_h2.
+        unsafe { b.launch(Self::cfg((l.grid, 1, 1), l.threads, l.smem)) }.map_err(drv(name))?;
         Ok(())
     }
 }

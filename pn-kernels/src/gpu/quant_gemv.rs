@@ -50,12 +50,26 @@ impl Gpu {
         })?;
         self.check_align(OP, "weight", w, if ty == WeightType::Q4K { 16 } else { 4 })?;
         self.check_align(OP, "x", x, 16)?;
+        // Q4_K stages x in shared memory and loops over rows (launch::q4_k); the others take
+        // one warp per row.
+        let (grid, smem) = if ty == WeightType::Q4K {
+            let l = crate::launch::q4_k(n, k).ok_or_else(|| KernelError::Shape {
+                op: OP,
+                what: format!(
+                    "k = {k} exceeds {}, the shared-memory limit of the q4_K kernel",
+                    crate::launch::Q4K_MAX_K
+                ),
+            })?;
+            (l.grid, l.smem)
+        } else {
+            (n.div_ceil(8) as u32, 0)
+        };
         let f = self.func("quant_gemv", name)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(w).arg(x).arg(y).arg(&n_i).arg(&k_i);
-        // SAFETY: (w, x, y, N, K) as declared; lengths checked.
-        unsafe { b.launch(Self::cfg((n.div_ceil(8) as u32, 1, 1), 256, 0)) }.map_err(drv(name))?;
+        // SAFETY: (w, x, y, N, K) as declared; lengths checked; q4_K's shared memory K floats.
+        unsafe { b.launch(Self::cfg((grid, 1, 1), 256, smem)) }.map_err(drv(name))?;
         Ok(())
     }
 }

@@ -62,8 +62,9 @@ fn attn_tiled(n_tokens: usize) -> bool {
 }
 /// The conv kernel length of the conv1d kernel.
 const CONV_KERNEL: usize = 4;
-/// Longest K of the half2 PN kernels (the fp16 activation lives in 48 KB of shared memory).
-const PN_H2_MAX_K: usize = 24576;
+/// Longest K of the half2 PN kernels (the padded fp16 activation and a weight tile live in 48 KB
+/// of shared memory): the kernels' own limit.
+const PN_H2_MAX_K: usize = pn_kernels::launch::PN_H2_MAX_K;
 
 /// An f32 activation buffer on the device.
 pub struct CudaBuf {

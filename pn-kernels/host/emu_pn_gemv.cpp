@@ -1,0 +1,84 @@
+// kernels/pn_gemv.cu and kernels/quant_gemv.cu run on the host by the SIMT emulator (compiled
+// with PN_EMU and __CUDACC__ defined, host/emu first on the include path: see build.rs).
+// Each kernel file sits in its own namespace so that same-named helpers of different files
+// cannot collide; the extern "C" entry points below dispatch by kernel name.
+#include "pn_block.cuh"
+#include "ggml_blocks.cuh"
+#include <cstring>
+
+namespace kpn {
+#include "pn_gemv.cu"
+}
+namespace legacy {
+using kpn::pn_block_dot_h2;
+using kpn::pn_load_pair;
+using kpn::pn_x_scale_exp;
+#include "legacy_pn_gemv.cuh"
+}
+namespace kq {
+#include "quant_gemv.cu"
+}
+
+extern "C" {
+// Runs the PN kernel `name` (any of pn_gemv.cu's, or "legacy_pn4t_gemv_h2_r1" / "legacy_pn3t_..."
+// / "..._r2" for the old layout) on a grid of `grid` blocks of `threads` threads with `smem`
+// bytes of dynamic shared memory. x is used by the self-staging and f32 kernels, xh/e by the
+// prepared ones. Returns 0, -1 on a barrier deadlock, -2 for an unknown name.
+int pn_emu_pn_gemv(const char* name, const void* w, const float* x, const void* xh, const int* e, float* y, int N, int K,
+                   unsigned grid, unsigned threads, unsigned smem) {
+    const pn_u32* wp = (const pn_u32*)w;
+    const __half2* hp = (const __half2*)xh;
+    std::function<void()> body;
+    using namespace kpn;
+#define PN_EMU_CASE(kname, call) \
+    else if (std::strcmp(name, kname) == 0) body = [&] { call; };
+    if (false) {
+    }
+    PN_EMU_CASE("pn3t_gemv_h2_r1", pn3t_gemv_h2_r1(wp, x, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_h2_r2", pn3t_gemv_h2_r2(wp, x, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2_r1", pn4t_gemv_h2_r1(wp, x, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2_r2", pn4t_gemv_h2_r2(wp, x, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_h2_any", pn3t_gemv_h2_any(wp, x, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2_any", pn4t_gemv_h2_any(wp, x, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_h2p_r1", pn3t_gemv_h2p_r1(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_h2p_r2", pn3t_gemv_h2p_r2(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2p_r1", pn4t_gemv_h2p_r1(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2p_r2", pn4t_gemv_h2p_r2(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_h2p_any", pn3t_gemv_h2p_any(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_h2p_any", pn4t_gemv_h2p_any(wp, hp, e, y, N, K))
+    PN_EMU_CASE("pn3t_gemv_f32", pn3t_gemv_f32(wp, x, y, N, K))
+    PN_EMU_CASE("pn4t_gemv_f32", pn4t_gemv_f32(wp, x, y, N, K))
+    PN_EMU_CASE("pn_prepare_x_h2", pn_prepare_x_h2(x, K, (__half2*)xh, (int*)e))
+    PN_EMU_CASE("legacy_pn3t_gemv_h2_r1", (legacy::pn_gemv_h2_even<3, 1, false>(wp, x, nullptr, nullptr, y, N, K)))
+    PN_EMU_CASE("legacy_pn4t_gemv_h2_r1", (legacy::pn_gemv_h2_even<4, 1, false>(wp, x, nullptr, nullptr, y, N, K)))
+    PN_EMU_CASE("legacy_pn3t_gemv_h2_r2", (legacy::pn_gemv_h2_even<3, 2, false>(wp, x, nullptr, nullptr, y, N, K)))
+    PN_EMU_CASE("legacy_pn4t_gemv_h2_r2", (legacy::pn_gemv_h2_even<4, 2, false>(wp, x, nullptr, nullptr, y, N, K)))
+    else return -2;
+#undef PN_EMU_CASE
+    return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
+}
+
+// quant_gemv.cu's kernels: type 0 f32, 1 f16, 2 q8_0, 3 q4_K. Returns as pn_emu_pn_gemv.
+int pn_emu_quant_gemv(int type, const void* w, const float* x, float* y, int N, int K, unsigned grid, unsigned threads,
+                      unsigned smem) {
+    using namespace kq;
+    std::function<void()> body;
+    switch (type) {
+    case 0: body = [&] { f32_gemv_f32((const float*)w, x, y, N, K); }; break;
+    case 1: body = [&] { f16_gemv_f32((const __half*)w, x, y, N, K); }; break;
+    case 2: body = [&] { q8_0_gemv_f32((const pn_u8*)w, x, y, N, K); }; break;
+    case 3: body = [&] { q4_k_gemv_f32((const pn_u8*)w, x, y, N, K); }; break;
+    default: return -2;
+    }
+    return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
+}
+
+// The counters (host/simt_emu.h): reset them (and forget the regions), name a global buffer
+// (region 1..7), read them.
+void pn_emu_reset() { emu::reset(); }
+void pn_emu_region(int id, const void* p, unsigned long long len) {
+    if (id <= 0 || id >= PN_EMU_REGIONS) return;
+    emu::st().regions[id] = emu::Region{(uintptr_t)p, (uintptr_t)p + len};
+}
+void pn_emu_stats(PnEmuStats* out) { *out = emu::st().stats; }
+}

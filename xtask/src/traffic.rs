@@ -1,0 +1,239 @@
+//! `cargo xtask traffic`: the memory traffic model of one 27B decode token on the P100.
+//!
+//! Weight bytes come from the 27B tensor plan (`synth_model::planned_27b`: names, shapes and
+//! P0k+19 types); KV and recurrent-state bytes from the shapes. The per-GEMV DRAM bytes use the
+//! formula "weights once + x once + y once"; before printing, the formula is checked against the
+//! SIMT emulator's launch footprint (distinct 32-byte sectors, `pn_kernels::emu`) running the
+//! real decode kernels at 27B row lengths with reduced row counts, and the emulator's sector
+//! ratio of the weight loads is printed with it.
+//!
+//! Launches per token follow the backend calls of `qwen-model/src/model/layers.rs` (one launch
+//! per call except where noted) as the CUDA backend issues them today, next to the count with
+//! the fusions the kernels are ready for (fp16 copy of x from the producing norm, rotation fused
+//! into its producer), which are modelled, not built.
+
+use crate::synth_model::planned_27b;
+use gguf_io::GgmlType;
+use pn_kernels::emu::{self, region, PnInput, StockType};
+use pn_kernels::launch;
+
+/// Arguments of `cargo xtask traffic`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Context length (positions in the KV cache) of the token.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: u64,
+    /// Bytes per KV value: 2 (f16), 1.0625 (q8_0), 0.5625 (q4_0).
+    #[arg(long, default_value_t = 2.0)]
+    pub kv_bytes: f64,
+    /// Peak DRAM bandwidth, GB/s (P100: 732).
+    #[arg(long, default_value_t = 732.0)]
+    pub bandwidth: f64,
+    /// MTP draft tokens per step.
+    #[arg(long, default_value_t = 2)]
+    pub draft: u32,
+    /// Probability that each draft token is accepted.
+    #[arg(long, default_value_t = 0.75)]
+    pub acceptance: f64,
+}
+
+// The 27B shapes (synth_model::Shape "27b").
+const D: u64 = 5120;
+const LAYERS: u64 = 64;
+const HKV: u64 = 4;
+const DH: u64 = 256;
+const HV: u64 = 48;
+const DK: u64 = 128;
+const CONV_DIM: u64 = 2 * 16 * DK + HV * DK;
+
+fn bytes_of(dims: &[u64], ty: GgmlType) -> u64 {
+    let n: u64 = dims.iter().product();
+    n / ty.block_size() as u64 * ty.type_size() as u64
+}
+
+fn full_attn(layer: u64) -> bool {
+    (layer + 1).is_multiple_of(4) || layer == LAYERS
+}
+
+/// Launches of one layer as the backend issues them, and with the modelled fusions.
+fn layer_launches(attn: bool) -> (u64, u64) {
+    // FFN (both layer kinds): rms_norm_hadamard, pn_prepare_x, gate, up; swiglu_hadamard,
+    // pn_prepare_x, down; add. Fused: the norm / swiglu kernels write the fp16 copy (-2).
+    let ffn = (8, 6);
+    let mixer = if attn {
+        // norm_project q/k/v: rms_norm_hadamard, prepare, q, k, v; q_norm, k_norm; rope x2;
+        // kv_write x2; attn_partial + attn_combine; sigmoid_gate; project(o): copy, hadamard,
+        // prepare, gemv; add. Fused: prepare in the norm (-1), gate+rotation+fp16 copy in one
+        // kernel (-3: copy, hadamard, prepare).
+        (19, 15)
+    } else {
+        // norm_project: rms_norm_hadamard, rms_norm (alpha/beta take the unrotated input),
+        // prepare, qkv, gate, alpha, beta; conv1d_silu (+ its state copy); l2 norms of q and k;
+        // gated_delta_rule; gated_rms_norm; project(ssm_out): copy, hadamard, prepare, gemv;
+        // add. Fused: prepare in the norm (-1), alpha+beta one launch (-1), the rotation and
+        // fp16 copy in gated_rms_norm (-3), l2 norms in the delta rule (-2).
+        (18, 11)
+    };
+    (ffn.0 + mixer.0, ffn.1 + mixer.1)
+}
+
+/// Checks the GEMV byte formula against the emulator on 27B row lengths; returns the lines to
+/// print.
+fn check_against_emulator() -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut lines = Vec::new();
+    let mut seed = 1u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+    };
+    for (bits, n, k) in [(3u32, 32usize, 5120usize), (4, 16, 6144), (4, 8, 17408)] {
+        let ty = if bits == 3 {
+            pn_format::PnType::Pn3t
+        } else {
+            pn_format::PnType::Pn4t
+        };
+        let wf: Vec<f32> = (0..n * k).map(|_| next()).collect();
+        let w = pn_format::quantize_rows(ty, &wf, k, 1)?;
+        let x: Vec<f32> = (0..k).map(|_| next()).collect();
+        let (xh, e) = emu::pn_prepare_x(&x)?;
+        let l = launch::pn_h2(bits, n, k, true, None).ok_or("no launch for a 27B shape")?;
+        let mut y = vec![0f32; n];
+        let s = emu::pn_gemv(&l, &w, PnInput::Prepared(&xh, e), &mut y, n, k)?;
+        let formula = w.len() as u64;
+        let measured = s.unique_bytes(region::WEIGHT);
+        // x is a host Vec (not sector-aligned): one straddled sector allowed.
+        if measured != formula || s.unique_bytes(region::X).abs_diff(2 * k as u64) > 32 {
+            return Err(format!(
+                "{}: emulator footprint {measured} weight / {} x bytes, formula {formula} / {}",
+                l.kernel,
+                s.unique_bytes(region::X),
+                2 * k
+            )
+            .into());
+        }
+        lines.push(format!(
+            "  {:<18} {n:>3} x {k:<5}: weight footprint {measured} B = formula; x {} B; weight sectors {:.3}x min; smem conflict degree {:.2}",
+            l.kernel,
+            s.unique_bytes(region::X),
+            s.sector_ratio(region::WEIGHT),
+            s.smem_max_degree
+        ));
+    }
+    let (n, k) = (32usize, 5120usize);
+    let wf: Vec<f32> = (0..n * k).map(|_| next()).collect();
+    let mut w = Vec::new();
+    gguf_io::quants::quantize_row(GgmlType::Q4K, &wf, &mut w)?;
+    let x: Vec<f32> = (0..k).map(|_| next()).collect();
+    let l = launch::q4_k(n, k).ok_or("no q4_K launch")?;
+    let mut y = vec![0f32; n];
+    let s = emu::quant_gemv(StockType::Q4K, &l, &w, k / 256 * 144, &x, &mut y, n)?;
+    if s.unique_bytes(region::WEIGHT) != w.len() as u64 {
+        return Err(format!(
+            "q4_K footprint {} vs {}",
+            s.unique_bytes(region::WEIGHT),
+            w.len()
+        )
+        .into());
+    }
+    lines.push(format!(
+        "  {:<18} {n:>3} x {k:<5}: weight footprint {} B = formula; weight sectors {:.3}x min; smem conflict degree {:.2}",
+        l.kernel,
+        s.unique_bytes(region::WEIGHT),
+        s.sector_ratio(region::WEIGHT),
+        s.smem_max_degree
+    ));
+    Ok(lines)
+}
+
+/// Runs the model and prints it.
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let checks = check_against_emulator()?;
+    let plan = planned_27b()?;
+    let mtp_prefix = format!("blk.{LAYERS}.");
+    let (mut w_main, mut w_mtp, mut head, mut gemvs) = (0u64, 0u64, 0u64, 0u64);
+    let mut act = 0u64;
+    for (name, dims, ty) in &plan {
+        if name == "token_embd.weight" {
+            continue; // one row per token
+        }
+        let b = bytes_of(dims, *ty);
+        if dims.len() == 2 {
+            gemvs += 1;
+            // x once (f32, or fp16 for PN) + y once.
+            act += dims[0] * if ty.is_pn() { 2 } else { 4 } + 4 * dims[1];
+        }
+        if name == "output.weight" {
+            head = b;
+        } else if name.starts_with(&mtp_prefix) {
+            w_mtp += b;
+        } else {
+            w_main += b;
+        }
+    }
+    let n_attn = (0..LAYERS).filter(|&l| full_attn(l)).count() as u64;
+    let n_gdn = LAYERS - n_attn;
+    let kv = (n_attn as f64 * args.ctx as f64 * (HKV * DH * 2) as f64 * args.kv_bytes) as u64;
+    let state = n_gdn * (HV * DK * DK * 4 + 3 * CONV_DIM * 4);
+    let (mut l_now, mut l_fused) = (0u64, 0u64);
+    for l in 0..LAYERS {
+        let (a, b) = layer_launches(full_attn(l));
+        l_now += a;
+        l_fused += b;
+    }
+    // embed, final norm, head gemv, argmax / download.
+    l_now += 4;
+    l_fused += 3;
+    // Other activations: each non-GEMV launch reads and writes about one hidden vector.
+    let act_other = (l_now - gemvs) * 2 * 4 * D;
+    let ideal = w_main + head + kv + state;
+    let dram = ideal + state + act + act_other; // the state is written back too
+    let gb = |b: u64| b as f64 / 1e9;
+    let ms = |b: u64| b as f64 / (args.bandwidth * 1e9) * 1e3;
+    println!("Traffic model of one Qwen3.8-27B-PN3 decode token (P0k+19 mix), context {} positions, KV {} B/value", args.ctx, args.kv_bytes);
+    println!(
+        "GEMV byte formula checked against the SIMT emulator (real kernels, 27B row lengths):"
+    );
+    for l in &checks {
+        println!("{l}");
+    }
+    println!("Per token:");
+    println!("  weights (64 layers)          {:>8.3} GB", gb(w_main));
+    println!("  LM head (Q4_K)               {:>8.3} GB", gb(head));
+    println!("  KV cache read ({n_attn} layers)    {:>8.3} GB", gb(kv));
+    println!(
+        "  recurrent state ({n_gdn} layers) {:>8.3} GB read, same written",
+        gb(state)
+    );
+    println!(
+        "  activations                  {:>8.3} GB",
+        gb(act + act_other)
+    );
+    println!("  DRAM total                   {:>8.3} GB   ideal (weights + KV + state once) {:.3} GB   ratio {:.3}", gb(dram), gb(ideal), dram as f64 / ideal as f64);
+    println!("  launches                     {l_now} today, {l_fused} with the modelled fusions (goal < 700)");
+    let t = ms(dram);
+    println!("  predicted P100 time          {t:.1} ms at {} GB/s = {:.1} tok/s (at 85% of peak: {:.1} tok/s)", args.bandwidth, 1e3 / t, 0.85e3 / t);
+    // MTP: one verify pass over 1 + draft rows (weights, KV and state read once by the
+    // small-batch GEMV; activations per row) plus `draft` passes of the MTP layer with the
+    // shared head; tokens per step 1 + a + a^2 + ...
+    let rows = 1 + args.draft as u64;
+    let verify = dram + (rows - 1) * (act + act_other);
+    let draft_pass = w_mtp + head + (act + act_other) / LAYERS;
+    let step = verify + args.draft as u64 * draft_pass;
+    let tokens: f64 = (0..=args.draft)
+        .map(|i| args.acceptance.powi(i as i32))
+        .sum();
+    let tm = ms(step) / tokens;
+    println!(
+        "With MTP (draft {}, acceptance {}): step {:.3} GB (verify {:.3} + {} x draft {:.3}), {tokens:.4} tokens per step",
+        args.draft,
+        args.acceptance,
+        gb(step),
+        gb(verify),
+        args.draft,
+        gb(draft_pass)
+    );
+    println!("  predicted P100 time          {tm:.1} ms per token = {:.1} tok/s (needs the small-batch PN GEMV for the verify)", 1e3 / tm);
+    Ok(())
+}
