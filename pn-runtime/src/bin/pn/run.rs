@@ -62,6 +62,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             model: args.model,
             sampling: args.sampling,
             template: args.template,
+            grammar: args.grammar,
             system: args.system_prompt,
             prompt: args.prompt,
             n_predict: args.n_predict,
