@@ -1,13 +1,14 @@
 //! The tiled (AMX) matrix product: AMX == its portable reference on random rows (odd block
 //! counts, row counts that are not a multiple of 16, 1..=40 input rows, unaligned weights,
-//! adversarial activations), the reference == the int16 decode kernels' scalar reference, and
-//! typed errors for every shape mismatch. The AMX half runs where the CPU has AMX.
+//! adversarial activations), the reference == the exact f64 dot product to f32 precision (24-bit
+//! activations), and typed errors for every shape mismatch. The AMX half runs where the CPU has
+//! AMX.
 
 mod common;
 
 use common::{magnitude, Rng};
-use pn_format::dot::{amx_available, matmul_tiled_with, matvec_multi_with, TileActs};
-use pn_format::{Isa, PnError, PnType, PreparedI16};
+use pn_format::dot::{amx_available, matmul_tiled_with, TileActs};
+use pn_format::{dot_ref_f64, PnError, PnType};
 use proptest::prelude::*;
 
 /// Random blocks with finite scales of any sign and random words (reserved bits included).
@@ -34,11 +35,19 @@ fn tiled(amx: bool, ty: PnType, w: &[u8], rows: usize, acts: &TileActs) -> Vec<V
     outs
 }
 
-fn multi_scalar(ty: PnType, w: &[u8], rows: usize, acts: &[PreparedI16]) -> Vec<Vec<f32>> {
-    let mut outs = vec![vec![f32::NAN; rows]; acts.len()];
-    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-    matvec_multi_with(Isa::Scalar, ty, w, rows, acts, &mut refs).unwrap();
-    outs
+fn exact(ty: PnType, w: &[u8], rows: usize, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let rb = w.len() / rows;
+    xs.iter()
+        .map(|x| {
+            (0..rows)
+                .map(|r| dot_ref_f64(ty, &w[r * rb..(r + 1) * rb], x).unwrap() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn flat(xs: &[Vec<f32>]) -> Vec<f32> {
+    xs.concat()
 }
 
 /// Activations with adversarial blocks mixed in: all zero, one huge value, +-max everywhere.
@@ -59,21 +68,21 @@ fn activations(rng: &mut Rng, ty: PnType, nb: usize, kind: u8) -> Vec<f32> {
 }
 
 fn check(
+    tol: f64,
     ty: PnType,
     w: &[u8],
-    rows: usize,
     xs: &[Vec<f32>],
     got: &[Vec<f32>],
     want: &[Vec<f32>],
     what: &str,
 ) -> Result<(), TestCaseError> {
+    let rows = want[0].len();
     let rb = w.len() / rows;
     let nb = rb / 34;
     for r in 0..rows {
         let row = &w[r * rb..(r + 1) * rb];
         for (t, x) in xs.iter().enumerate() {
-            // Only the f32 order of the per-block sums differs.
-            let tol = 2e-5 * magnitude(ty, row, x) + 1e-30;
+            let tol = tol * magnitude(ty, row, x) + 1e-30;
             prop_assert!(
                 (got[t][r] as f64 - want[t][r] as f64).abs() <= tol,
                 "{} {} nb {} input {} row {}: {} vs {}",
@@ -108,15 +117,18 @@ proptest! {
         buf.extend(random_rows(nb, rows, seed));
         let w = &buf[offset..];
         let mut rng = Rng(seed ^ 0x7777);
-        let xs: Vec<Vec<f32>> = (0..m).map(|i| activations(&mut rng, ty, nb, kind.wrapping_add(i as u8))).collect();
-        let acts: Vec<PreparedI16> = xs.iter().map(|x| PreparedI16::new(ty, x).unwrap()).collect();
-        let tiles = TileActs::new(ty, &acts).unwrap();
+        let xs: Vec<Vec<f32>> = (0..m)
+            .map(|i| activations(&mut rng, ty, nb, kind.wrapping_add(i as u8)))
+            .collect();
+        let tiles = TileActs::new(ty, &flat(&xs), m).unwrap();
         let reference = tiled(false, ty, w, rows, &tiles);
-        let decode = multi_scalar(ty, w, rows, &acts);
-        check(ty, w, rows, &xs, &reference, &decode, "reference vs decode")?;
+        // 24-bit activations: a relative step of 2^-23 per block, plus f32 sums.
+        let want = exact(ty, w, rows, &xs);
+        check(2e-6, ty, w, &xs, &reference, &want, "reference vs exact")?;
         if amx_available() {
             let got = tiled(true, ty, w, rows, &tiles);
-            check(ty, w, rows, &xs, &got, &reference, "amx vs reference")?;
+            // The same integer sums; fma vs mul-add rounding only.
+            check(1e-6, ty, w, &xs, &got, &reference, "amx vs reference")?;
         }
     }
 }
@@ -128,14 +140,11 @@ fn update_reuses_buffers_for_new_inputs() {
     let w = random_rows(nb, rows, 5);
     let mut rng = Rng(8);
     let xs: Vec<Vec<f32>> = (0..20).map(|_| rng.normals(nb * 80, 1.0)).collect();
-    let acts: Vec<PreparedI16> = xs
-        .iter()
-        .map(|x| PreparedI16::new(ty, x).unwrap())
-        .collect();
-    let mut tiles = TileActs::new(ty, &acts[..3]).unwrap();
-    tiles.update(&acts).unwrap();
+    let x = flat(&xs);
+    let mut tiles = TileActs::new(ty, &x[..3 * nb * 80], 3).unwrap();
+    tiles.update(&x, 20).unwrap();
     assert_eq!(tiles.n_rows(), 20);
-    let fresh = TileActs::new(ty, &acts).unwrap();
+    let fresh = TileActs::new(ty, &x, 20).unwrap();
     for amx in [false, true] {
         assert_eq!(
             tiled(amx, ty, &w, rows, &tiles),
@@ -148,9 +157,8 @@ fn update_reuses_buffers_for_new_inputs() {
 fn shape_errors_are_typed() {
     let ty = PnType::Pn3t;
     let w = random_rows(2, 3, 1);
-    let x = vec![0.5f32; 160];
-    let acts = vec![PreparedI16::new(ty, &x).unwrap(); 2];
-    let tiles = TileActs::new(ty, &acts).unwrap();
+    let x = vec![0.5f32; 320];
+    let tiles = TileActs::new(ty, &x, 2).unwrap();
     let (mut o0, mut o1, mut short) = (vec![0.0; 3], vec![0.0; 3], vec![0.0; 2]);
     let call = |w: &[u8], outs: &mut [&mut [f32]]| matmul_tiled_with(true, ty, w, 3, &tiles, outs);
     assert!(call(&w, &mut [&mut o0, &mut o1]).is_ok());
@@ -166,20 +174,20 @@ fn shape_errors_are_typed() {
         call(&w[1..], &mut [&mut o0, &mut o1]),
         Err(PnError::LengthMismatch { .. })
     ));
-    let mixed = vec![
-        PreparedI16::new(ty, &x).unwrap(),
-        PreparedI16::new(ty, &x[..80]).unwrap(),
-    ];
+    // Not a whole number of rows, no rows, a ragged row length.
     assert!(matches!(
-        TileActs::new(ty, &mixed),
+        TileActs::new(ty, &x[..319], 2),
         Err(PnError::LengthMismatch { .. })
     ));
-    let other = vec![PreparedI16::new(PnType::Pn4t, &x[..128]).unwrap()];
     assert!(matches!(
-        TileActs::new(ty, &other),
-        Err(PnError::TypeMismatch { .. })
+        TileActs::new(ty, &x, 0),
+        Err(PnError::LengthMismatch { .. })
     ));
-    let p4 = TileActs::new(PnType::Pn4t, &other).unwrap();
+    assert!(matches!(
+        TileActs::new(ty, &x[..300], 2),
+        Err(PnError::RaggedWeights { .. })
+    ));
+    let p4 = TileActs::new(PnType::Pn4t, &x[..128], 1).unwrap();
     assert!(matches!(
         matmul_tiled_with(true, ty, &w, 3, &p4, &mut [&mut o0]),
         Err(PnError::TypeMismatch { .. })
@@ -192,11 +200,9 @@ fn non_finite_activations_give_nan_not_panic() {
     let w = random_rows(3, 17, 9);
     let mut x = vec![1.0f32; 192];
     x[70] = f32::INFINITY;
-    let acts = vec![
-        PreparedI16::new(ty, &vec![1.0; 192]).unwrap(),
-        PreparedI16::new(ty, &x).unwrap(),
-    ];
-    let tiles = TileActs::new(ty, &acts).unwrap();
+    let mut both = vec![1.0f32; 192];
+    both.extend_from_slice(&x);
+    let tiles = TileActs::new(ty, &both, 2).unwrap();
     for amx in [false, true] {
         let got = tiled(amx, ty, &w, 17, &tiles);
         assert!(got[0].iter().all(|v| v.is_finite()), "amx {amx}");

@@ -1,11 +1,11 @@
 //! The AMX kernel of [`super::tiles`]: 16 weight rows x 16 input rows per tile pass.
 //!
-//! Per 16-row tile of weights, the codes are unpacked once (AVX-512BW: shift, mask, narrow to
-//! bytes) into `A` tiles, `[block][row 16][kk]` with `kk = 16 j + l` in the order the decode
-//! kernels see them, and the block scales into `d[block][row 16]`. Then for each group of 16
-//! inputs and each block, two K-halves of `8 S` bytes: `tdpbusd` (codes x signed high bytes) and
-//! `tdpbuud` (codes x unsigned low bytes) into two int32 tiles, which AVX-512 combines into the
-//! exact block sum and scales into 16 f32 accumulators of 16 inputs each.
+//! Per 16-row tile of weights, the codes are unpacked once (AVX-512BW: shift, mask, subtract
+//! the zero point, narrow to signed bytes) into `A` tiles, `[block][row 16][kk]` with
+//! `kk = 16 j + l`, and the block scales into `d[block][row 16]`. Then for each group of 16
+//! inputs and each block, two K-halves of `8 S` bytes: `tdpbssd` (codes x the signed top byte
+//! of `q`) and `tdpbsud` twice (codes x each unsigned low byte) into three int32 tiles, which
+//! AVX-512 combines and scales into 16 f32 accumulators of 16 inputs each.
 //!
 //! The tile registers are used in `asm!` only (the compiler never touches them); the tile
 //! configuration is loaded at the start of [`matmul`] and released at its end, with no call in
@@ -55,9 +55,9 @@ struct TileConfig {
     rows: [u8; 16],
 }
 
-/// Weight rows per pass: two row tiles share every activation tile load (the kernel is bound by
-/// tile loads from L2, not by the multiply-adds).
-const PASS: usize = 2 * TILE;
+/// Weight rows per pass (one row tile: the three result tiles, the codes and the three byte
+/// tiles of `q` take seven of the eight tile registers).
+const PASS: usize = TILE;
 
 /// 16 x 16 int32 results, aligned for the tile store and the vector loads.
 #[repr(C, align(64))]
@@ -113,18 +113,16 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
             palette: 1,
             start_row: 0,
             reserved: [0; 14],
-            // tmm0..3: int32 results of the two row tiles (high, low bytes; 16 x 64 bytes);
-            // tmm4/5: codes of the two row tiles (16 x 8S bytes); tmm6/7: high/low activation
-            // bytes (2S x 64 bytes), shared by both row tiles.
-            colsb: [w64, w64, w64, w64, wk, wk, w64, w64, 0, 0, 0, 0, 0, 0, 0, 0],
+            // tmm0..2: int32 results per byte of `q` (16 x 64 bytes); tmm3: codes (16 x 8S
+            // bytes); tmm4..6: the bytes of `q` (2S x 64 bytes).
+            colsb: [w64, w64, w64, wk, w64, w64, w64, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             rows: [
-                h16, h16, h16, h16, h16, h16, b_rows, b_rows, 0, 0, 0, 0, 0, 0, 0, 0,
+                h16, h16, h16, h16, b_rows, b_rows, b_rows, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ],
         };
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
-        // Results of the row tiles 0 and 1: high then low bytes.
+        // Results for the top, middle and low byte of `q`.
         let mut c = [
-            Acc([0; TILE * TILE]),
             Acc([0; TILE * TILE]),
             Acc([0; TILE * TILE]),
             Acc([0; TILE * TILE]),
@@ -137,61 +135,63 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                 for b in 0..nb {
                     let gb = g * nb + b;
                     let ap = a.as_ptr().add(b * PASS * bpw);
-                    let hp = acts.hi.as_ptr().add(gb * TILE * bpw);
-                    let lp = acts.lo.as_ptr().add(gb * TILE * bpw);
+                    let at = gb * TILE * bpw;
+                    let (p2, p1, p0) = (
+                        acts.b2.as_ptr().add(at) as *const u8,
+                        acts.b1.as_ptr().add(at),
+                        acts.b0.as_ptr().add(at),
+                    );
                     let cp = c.as_mut_ptr() as *mut i32;
-                    // The two K halves of the block, each: both row tiles x high and low bytes.
+                    // The two K halves of the block, each: codes x the three bytes of `q`.
                     asm!(
                         "tilezero tmm0",
                         "tilezero tmm1",
                         "tilezero tmm2",
-                        "tilezero tmm3",
-                        "tileloadd tmm4, [{a} + {sa}*1]",
-                        "tileloadd tmm5, [{a1} + {sa}*1]",
-                        "tileloadd tmm6, [{h} + {sb}*1]",
-                        "tileloadd tmm7, [{l} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        "tdpbuud tmm1, tmm4, tmm7",
-                        "tdpbusd tmm2, tmm5, tmm6",
-                        "tdpbuud tmm3, tmm5, tmm7",
-                        "tileloadd tmm4, [{a2} + {sa}*1]",
-                        "tileloadd tmm5, [{a3} + {sa}*1]",
-                        "tileloadd tmm6, [{h2} + {sb}*1]",
-                        "tileloadd tmm7, [{l2} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        "tdpbuud tmm1, tmm4, tmm7",
-                        "tdpbusd tmm2, tmm5, tmm6",
-                        "tdpbuud tmm3, tmm5, tmm7",
+                        "tileloadd tmm3, [{a} + {sa}*1]",
+                        "tileloadd tmm4, [{p2} + {sb}*1]",
+                        "tileloadd tmm5, [{p1} + {sb}*1]",
+                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tdpbssd tmm0, tmm3, tmm4",
+                        "tdpbsud tmm1, tmm3, tmm5",
+                        "tdpbsud tmm2, tmm3, tmm6",
+                        "tileloadd tmm3, [{a2} + {sa}*1]",
+                        "tileloadd tmm4, [{q2} + {sb}*1]",
+                        "tileloadd tmm5, [{q1} + {sb}*1]",
+                        "tileloadd tmm6, [{q0} + {sb}*1]",
+                        "tdpbssd tmm0, tmm3, tmm4",
+                        "tdpbsud tmm1, tmm3, tmm5",
+                        "tdpbsud tmm2, tmm3, tmm6",
                         "tilestored [{c} + {sb}*1], tmm0",
                         "tilestored [{c} + {sb}*1 + 1024], tmm1",
                         "tilestored [{c} + {sb}*1 + 2048], tmm2",
-                        "tilestored [{c} + {sb}*1 + 3072], tmm3",
                         a = in(reg) ap,
-                        a1 = in(reg) ap.add(TILE * bpw),
-                        h = in(reg) hp,
-                        l = in(reg) lp,
+                        a2 = in(reg) ap.add(half),
+                        p2 = in(reg) p2,
+                        p1 = in(reg) p1,
+                        p0 = in(reg) p0,
+                        q2 = in(reg) p2.add(half * TILE),
+                        q1 = in(reg) p1.add(half * TILE),
+                        q0 = in(reg) p0.add(half * TILE),
                         sa = in(reg) bpw,
                         sb = in(reg) 64usize,
-                        a2 = in(reg) ap.add(half),
-                        a3 = in(reg) ap.add(TILE * bpw + half),
-                        h2 = in(reg) hp.add(half * TILE),
-                        l2 = in(reg) lp.add(half * TILE),
                         c = in(reg) cp,
                         options(nostack),
                     );
                     let sx = _mm512_loadu_ps(acts.sx.as_ptr().add(gb * TILE));
-                    let zq = _mm512_loadu_si512(acts.zq.as_ptr().add(gb * TILE) as *const _);
                     let db = d.as_ptr().add(b * PASS);
                     for (r, fr) in f.iter_mut().enumerate() {
-                        let (t, rr) = (r / TILE, r % TILE);
-                        let h = _mm512_load_si512(c[2 * t].0.as_ptr().add(rr * TILE) as *const _);
-                        let l =
-                            _mm512_load_si512(c[2 * t + 1].0.as_ptr().add(rr * TILE) as *const _);
-                        // Exact: |256 hi + lo - zq| <= 80 * 15 * 32767 * 2 < 2^31.
-                        let acc =
-                            _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32::<8>(h), l), zq);
+                        let top = _mm512_load_si512(c[0].0.as_ptr().add(r * TILE) as *const _);
+                        let mid = _mm512_load_si512(c[1].0.as_ptr().add(r * TILE) as *const _);
+                        let low = _mm512_load_si512(c[2].0.as_ptr().add(r * TILE) as *const _);
+                        // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
+                        let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
+                        let v = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(top),
+                            _mm512_set1_ps(65536.0),
+                            _mm512_cvtepi32_ps(below),
+                        );
                         let dsx = _mm512_mul_ps(_mm512_set1_ps(*db.add(r)), sx);
-                        *fr = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), dsx, *fr);
+                        *fr = _mm512_fmadd_ps(v, dsx, *fr);
                     }
                 }
                 let mut vals = [0f32; TILE];
@@ -239,9 +239,11 @@ unsafe fn unpack<const BITS: u32, const S: usize>(
                 _mm512_zextsi256_si512(w0)
             };
             let c = codes512::<BITS, S, false>(w);
+            let z = _mm512_set1_epi16(1 << (BITS - 1));
             for (j, cj) in c.iter().enumerate() {
-                // Lanes 0..16 (even block) to bytes 0..16, lanes 16..32 (odd block) above.
-                let bytes = _mm512_cvtepi16_epi8(*cj);
+                // `n - z` as signed bytes; lanes 0..16 (even block) to bytes 0..16, lanes
+                // 16..32 (odd block) above.
+                let bytes = _mm512_cvtepi16_epi8(_mm512_sub_epi16(*cj, z));
                 _mm_storeu_si128(
                     ap.add((b * PASS + r) * bpw + 16 * j) as *mut __m128i,
                     _mm256_castsi256_si128(bytes),

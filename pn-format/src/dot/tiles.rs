@@ -1,16 +1,16 @@
 //! The tiled matrix-matrix product for many input rows (prompt chunks): `out[t][r] = dot(row r,
-//! acts[t])` for 16 weight rows x 16 input rows at a time, on AMX tiles where the CPU has them.
+//! x[t])` for 16 weight rows x 16 input rows at a time, on AMX tiles where the CPU has them.
 //!
-//! Numerics are those of the int16 decode path ([`PreparedI16`]), exactly per block: each int16
-//! activation `q` is split into a signed high byte and an unsigned low byte (`q = 256 hi + lo`),
-//! the codes (unsigned 3/4-bit) are multiplied with both bytes (`tdpbusd` for `hi`, `tdpbuud`
-//! for `lo`), and `256 sum(n hi) + sum(n lo) - z sum(q)` is the same exact int32 block sum the
-//! decode kernels form. Only the order of the f32 sum over blocks differs (by rounding).
+//! Activations are quantized per weight block to 24-bit integers (`x ~= sx * q`, `|q| <
+//! 2^23`): as precise as f32 itself (relative step 2^-23 of the block's largest value), so
+//! prefill keeps the numerics of the f32 path it replaces, not the int16 rounding of decode.
+//! `q` is split into a signed top byte and two unsigned bytes; the codes enter as signed `n - z`,
+//! so `tdpbssd` (top byte) and `tdpbsud` (the two low bytes) give three exact int32 block sums,
+//! combined in f32 as `65536 c2 + (256 c1 + c0)` (the second term exact in int32).
 //!
-//! [`TileActs`] rearranges a set of prepared vectors once per call into the AMX "B" layout;
-//! [`matmul_tiled`] then runs any number of row ranges against it (one per thread).
+//! [`TileActs`] quantizes and arranges a set of input rows once per call into the AMX "B"
+//! layout; [`matmul_tiled`] then runs any number of row ranges against it (one per thread).
 
-use super::{PreparedI16, MAX_ACTS};
 use crate::error::PnError;
 use crate::types::{PnType, BLOCK_BYTES};
 
@@ -20,91 +20,95 @@ pub const TILE: usize = 16;
 /// Input rows at or above which [`matmul_tiled`] beats the fused multi-vector kernels
 /// ([`super::matvec_multi`]) when AMX is available: the codes of a 16-row tile are unpacked
 /// once and a tile of 16 input rows is computed at once, so a few rows waste most of it.
-pub const TILED_ROWS_MIN: usize = MAX_ACTS + 1;
+pub const TILED_ROWS_MIN: usize = super::MAX_ACTS + 1;
 
-/// Int16-prepared activations of several input rows, in AMX tile order: per group of 16 input
-/// rows and per block, the high and low bytes of `q` as `2S x 64`-byte tiles (`S` code pairs per
-/// word; row `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`).
+/// Largest `|q|`: 24-bit signed.
+const Q_MAX: f32 = 8_388_607.0;
+
+/// Input rows quantized to 24 bits per block, in AMX tile order: per group of 16 input rows and
+/// per block, the three bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
+/// `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block position
+/// `kk = 16 j + l` is the code in 16-bit lane `l` of pair `j` of an unpacked word).
 #[derive(Clone, Debug)]
 pub struct TileActs {
     ty: PnType,
     k: usize,
     n: usize,
-    /// `[group][block][kk / 4][input 16][kk % 4]`, signed high bytes of `q`.
-    pub(super) hi: Vec<i8>,
-    /// The same layout, low bytes of `q`.
-    pub(super) lo: Vec<u8>,
+    /// `[group][block][kk / 4][input 16][kk % 4]`: bits 16..24 of `q` (signed).
+    pub(super) b2: Vec<i8>,
+    /// The same layout, bits 8..16.
+    pub(super) b1: Vec<u8>,
+    /// The same layout, bits 0..8.
+    pub(super) b0: Vec<u8>,
     /// `[group][block][input 16]` activation scales (0 for padding inputs).
     pub(super) sx: Vec<f32>,
-    /// `[group][block][input 16]` `z * sum(q)` of the block (exact).
-    pub(super) zq: Vec<i32>,
 }
 
 impl TileActs {
-    /// Rearranges `acts` (all prepared for `ty` with one length `k`) into tile order.
-    pub fn new(ty: PnType, acts: &[PreparedI16]) -> Result<Self, PnError> {
+    /// Quantizes and arranges the `n` input rows of `x` (row-major, `n x k` with `k` a whole
+    /// number of `ty` blocks). Non-finite values make their block's scale NaN (NaN results).
+    pub fn new(ty: PnType, x: &[f32], n: usize) -> Result<Self, PnError> {
         let mut t = TileActs {
             ty,
             k: 0,
             n: 0,
-            hi: Vec::new(),
-            lo: Vec::new(),
+            b2: Vec::new(),
+            b1: Vec::new(),
+            b0: Vec::new(),
             sx: Vec::new(),
-            zq: Vec::new(),
         };
-        t.update(acts)?;
+        t.update(x, n)?;
         Ok(t)
     }
 
-    /// Re-arranges for new vectors, reusing the buffers.
-    pub fn update(&mut self, acts: &[PreparedI16]) -> Result<(), PnError> {
+    /// Re-prepares for new input rows, reusing the buffers.
+    pub fn update(&mut self, x: &[f32], n: usize) -> Result<(), PnError> {
         let ty = self.ty;
-        let k = acts.first().map_or(0, |a| a.k);
-        for a in acts {
-            if a.ty != ty {
-                return Err(PnError::TypeMismatch {
-                    prepared: a.ty,
-                    weights: ty,
-                });
-            }
-            if a.k != k {
-                return Err(PnError::LengthMismatch {
-                    what: "tiled activation length",
-                    expected: k,
-                    got: a.k,
-                });
-            }
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(PnError::LengthMismatch {
+                what: "tiled activations (a whole number of input rows)",
+                expected: n.max(1) * (x.len() / n.max(1)),
+                got: x.len(),
+            });
         }
+        let k = x.len() / n;
         let nb = super::check_k(ty, k)?;
         let bpw = ty.weights_per_block();
-        let s = ty.pairs_per_word();
-        let groups = acts.len().div_ceil(TILE);
+        let cpw = ty.codes_per_word();
+        let groups = n.div_ceil(TILE);
         self.k = k;
-        self.n = acts.len();
+        self.n = n;
         let values = groups * nb * bpw * TILE;
-        self.hi.clear();
-        self.hi.resize(values, 0);
-        self.lo.clear();
-        self.lo.resize(values, 0);
+        for v in [&mut self.b1, &mut self.b0] {
+            v.clear();
+            v.resize(values, 0);
+        }
+        self.b2.clear();
+        self.b2.resize(values, 0);
         self.sx.clear();
         self.sx.resize(groups * nb * TILE, 0.0);
-        self.zq.clear();
-        self.zq.resize(groups * nb * TILE, 0);
-        for (t, a) in acts.iter().enumerate() {
-            let (g, n) = (t / TILE, t % TILE);
-            for b in 0..nb {
+        for (t, xt) in x.chunks_exact(k).enumerate() {
+            let (g, col) = (t / TILE, t % TILE);
+            for (b, xb) in xt.chunks_exact(bpw).enumerate() {
                 let gb = g * nb + b;
-                self.sx[gb * TILE + n] = a.sx[b];
-                self.zq[gb * TILE + n] = a.zq[b] as i32;
-                // Position `kk = 16 j + l` of the block holds the code the unpacked word gives
-                // in 16-bit lane `l` of pair `j` (`layout::i16_index` order).
-                let src = &a.xq[(b >> 1) * s * 32 + (b & 1) * 16..];
-                let dst = gb * bpw * TILE;
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let amax = if xb.iter().all(|v| v.is_finite()) {
+                    amax
+                } else {
+                    f32::NAN
+                };
+                self.sx[gb * TILE + col] = amax / Q_MAX;
+                let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+                let base = gb * bpw * TILE + 4 * col;
                 for kk in 0..bpw {
-                    let q = src[(kk / 16) * 32 + kk % 16];
-                    let at = dst + (kk / 4) * 4 * TILE + 4 * n + kk % 4;
-                    self.hi[at] = (q >> 8) as i8;
-                    self.lo[at] = q as u8;
+                    let (j, l) = (kk / 16, kk % 16);
+                    let e = (l / 2) * cpw + 2 * j + l % 2;
+                    // `as` saturates and maps NaN to 0: no panic on any input.
+                    let q = (xb[e] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                    self.b2[at] = (q >> 16) as i8;
+                    self.b1[at] = (q >> 8) as u8;
+                    self.b0[at] = q as u8;
                 }
             }
         }
@@ -224,8 +228,9 @@ pub fn matmul_tiled_with(
     Ok(())
 }
 
-/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sum
-/// `256 sum(n hi) + sum(n lo) - z sum(q)`, times `sx * d` in f32, summed over blocks in order.
+/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sums `c2`, `c1`,
+/// `c0` of `(n - z)` times each byte of `q`, combined as `65536 c2 + (256 c1 + c0)` in f32, times
+/// `d * sx`, summed over blocks in order.
 fn reference(
     ty: PnType,
     weights: &[u8],
@@ -237,34 +242,36 @@ fn reference(
     let bpw = ty.weights_per_block();
     let cpw = ty.codes_per_word();
     let mask = u32::from(ty.max_code());
+    let z = ty.zero_point();
     let rb = nb * BLOCK_BYTES;
-    let mut codes = vec![0u8; bpw];
+    let mut codes = vec![0i32; bpw];
     for r in 0..rows {
         let row = &weights[r * rb..(r + 1) * rb];
         for (t, out) in outs.iter_mut().enumerate() {
-            let (g, n) = (t / TILE, t % TILE);
+            let (g, col) = (t / TILE, t % TILE);
             let mut total = 0.0f32;
             for (b, blk) in crate::block::blocks(ty, row)
                 .into_iter()
                 .flatten()
                 .enumerate()
             {
-                // Tile position `kk = 16 j + l`: word `l / 2`, half `l % 2`, pair `j`.
                 for (kk, c) in codes.iter_mut().enumerate() {
                     let (j, l) = (kk / 16, kk % 16);
                     let e = (l / 2) * cpw + 2 * j + l % 2;
-                    *c = ((blk.word(e / cpw) >> ty.code_shift(e % cpw)) & mask) as u8;
+                    let n = (blk.word(e / cpw) >> ty.code_shift(e % cpw)) & mask;
+                    *c = n as i32 - z;
                 }
                 let gb = g * nb + b;
-                let base = gb * bpw * TILE;
-                let mut acc = 0i32;
+                let base = gb * bpw * TILE + 4 * col;
+                let (mut c2, mut c1, mut c0) = (0i32, 0i32, 0i32);
                 for (kk, &c) in codes.iter().enumerate() {
-                    let at = base + (kk / 4) * 4 * TILE + 4 * n + kk % 4;
-                    let q = 256 * i32::from(acts.hi[at]) + i32::from(acts.lo[at]);
-                    acc += i32::from(c) * q;
+                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                    c2 += c * i32::from(acts.b2[at]);
+                    c1 += c * i32::from(acts.b1[at]);
+                    c0 += c * i32::from(acts.b0[at]);
                 }
-                let acc = acc - acts.zq[gb * TILE + n];
-                total += blk.scale() * acts.sx[gb * TILE + n] * acc as f32;
+                let f = (c2 as f32).mul_add(65536.0, (256 * c1 + c0) as f32);
+                total = f.mul_add(blk.scale() * acts.sx[gb * TILE + col], total);
             }
             out[r] = total;
         }
