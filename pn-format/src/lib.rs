@@ -44,7 +44,7 @@ pub use decode::{dequantize_row, dequantize_row_with, validate_row};
 pub use dot::{dot_f32, dot_prepared, dot_ref_f64, matvec, PreparedActs, PreparedF32, PreparedI16};
 pub use error::PnError;
 pub use hadamard::{fwht_blocks_inplace, rotate_rows};
-pub use isa::Isa;
+pub use isa::{Isa, ISA_ENV};
 pub use parallel::quantize_rows;
 pub use quantize::{
     candidate_multiplier, candidate_scale, quantize_group_ref, quantize_row_into, quantize_row_ref,

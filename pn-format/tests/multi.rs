@@ -4,27 +4,10 @@
 
 mod common;
 
-use common::{magnitude, Rng};
+use common::{magnitude, random_rows, Rng};
 use pn_format::dot::{matvec_multi, matvec_multi_with, matvec_with, MAX_ACTS};
 use pn_format::{dot_ref_f64, Isa, PnError, PnType, PreparedI16};
 use proptest::prelude::*;
-
-/// Random blocks with finite scales of any sign and random words (reserved bits included).
-fn random_rows(nb: usize, rows: usize, seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
-    let mut out = Vec::with_capacity(nb * rows * 34);
-    for _ in 0..nb * rows {
-        let mut d = rng.next_u64() as u16;
-        if d & 0x7c00 == 0x7c00 {
-            d &= 0xbfff;
-        }
-        out.extend_from_slice(&d.to_le_bytes());
-        for _ in 0..8 {
-            out.extend_from_slice(&(rng.next_u64() as u32).to_le_bytes());
-        }
-    }
-    out
-}
 
 fn run(isa: Isa, ty: PnType, w: &[u8], rows: usize, acts: &[PreparedI16]) -> Vec<Vec<f32>> {
     let mut outs = vec![vec![f32::NAN; rows]; acts.len()];

@@ -16,17 +16,23 @@
 //! The row length `k` must be a whole number of blocks.
 //!
 //! [`matvec_multi`] multiplies a matrix with up to [`MAX_ACTS`] int16-prepared vectors in one pass
-//! over the weights (each block unpacked once), for speculative verification and small batches.
+//! over the weights (each block unpacked once), for speculative verification and small batches;
+//! [`matmul_tiled`] multiplies it with many (prompt chunks) in 16 x 16 AMX tiles, with the same
+//! per-block integer sums.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub(crate) mod layout;
 mod multi;
 mod scalar;
+mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
+pub use tiles::{amx_available, matmul_tiled, matmul_tiled_with, TileActs, TILE, TILED_ROWS_MIN};
 
 use crate::block::blocks;
 use crate::error::PnError;

@@ -164,7 +164,9 @@ pub(super) unsafe fn dpwssd_asm(mut acc: __m512i, c: __m512i, x: __m512i) -> __m
 /// instead of a 32-bit shift (which competes with `vpdpwssd` for the multiply port): each 16-bit
 /// lane's low byte takes the 8 bits at the code's offset in its qword, and the mask keeps the code.
 #[inline(always)]
-unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>(w: __m512i) -> [__m512i; S] {
+pub(super) unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>(
+    w: __m512i,
+) -> [__m512i; S] {
     let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut c = [_mm512_setzero_si512(); S];
     unroll!(j < S, {

@@ -132,3 +132,20 @@ pub fn magnitude(ty: PnType, row: &[u8], x: &[f32]) -> f64 {
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Random blocks with finite scales of any sign and random words (reserved bits included).
+pub fn random_rows(nb: usize, rows: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let mut out = Vec::with_capacity(nb * rows * 34);
+    for _ in 0..nb * rows {
+        let mut d = rng.next_u64() as u16;
+        if d & 0x7c00 == 0x7c00 {
+            d &= 0xbfff;
+        }
+        out.extend_from_slice(&d.to_le_bytes());
+        for _ in 0..8 {
+            out.extend_from_slice(&(rng.next_u64() as u32).to_le_bytes());
+        }
+    }
+    out
+}

@@ -1,22 +1,29 @@
 //! The CPU matmul: each output's rows split across the pool, with the per-type dot products
 //! (fused multi-row kernels for a few input rows, weight rows decoded once for many, PN rows
-//! against activations prepared once per call).
+//! against activations prepared once per call). On a CPU with AMX, PN rows for many input rows
+//! go through 16 x 16 AMX tiles instead of the decode-once path (`pn_format::dot::matmul_tiled`).
 
 use super::weight::RowKind;
 use super::{kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
 use crate::error::ModelError;
-use pn_format::dot::PreparedI16;
+use pn_format::dot::{PreparedI16, TileActs};
 use pn_format::PnType;
 use std::sync::Mutex;
 
 /// Input rows at or above which a quantized matrix row is decoded to f32 once and reused for
-/// every input row. Below it, the fused multi-vector dot products (`pn_format::dot::matvec_multi`,
+/// every input row (PN rows on AMX: multiplied in tiles instead). Below it, the fused
+/// multi-vector dot products (`pn_format::dot::matvec_multi`,
 /// `gguf_io::quants::vec_dot_f32_multi`) unpack each weight block once for all input rows, so a
 /// pass for a few tokens (MTP verification of 2..5 rows, small batches) streams the weights once.
 pub(super) const DECODE_ROWS_MIN: usize = 9;
 
 /// Input rows one fused multi-vector call takes (the kernels' register budget).
 const MULTI_ROWS: usize = 8;
+
+/// Weight bytes of one row tile of a PN matrix when the fused path takes more than
+/// [`MULTI_ROWS`] input rows (a raised `set_decode_rows_min`): every group of input rows passes
+/// over the same tile, so it must stay in the 2..4 MiB L2 of one core.
+const PN_TILE_BYTES: usize = 1 << 20;
 
 fn pn_index(ty: PnType) -> usize {
     match ty {
@@ -64,8 +71,13 @@ impl CpuBackend {
         }
         let targets = &targets[..outs.len()];
         let direct = rows < self.decode_rows_min;
+        // Many rows on a CPU with AMX: PN rows in 16 x 16 tiles against 24-bit activations (the
+        // numerics of the f32 decode-once path they replace, at a fraction of its cost).
+        let pn_tiled =
+            !direct && rows >= pn_format::dot::TILED_ROWS_MIN && pn_format::dot::amx_available();
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
+        let mut tile_guard = None;
         if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
             let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
             for ty in PnType::ALL {
@@ -88,7 +100,26 @@ impl CpuBackend {
             }
             pn_guard = Some(g);
         }
+        if pn_tiled && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+            let mut g = self.pn_tiles.lock().unwrap_or_else(|e| e.into_inner());
+            for ty in PnType::ALL {
+                let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+                    continue;
+                };
+                let xs = &x[..rows * w.cols];
+                let slot = &mut g[pn_index(ty)];
+                let r = match slot {
+                    Some(t) => t.update(xs, rows),
+                    None => TileActs::new(ty, xs, rows).map(|t| *slot = Some(t)),
+                };
+                r.map_err(|e| {
+                    ModelError::BadArgument(format!("preparing PN activation tiles: {e}"))
+                })?;
+            }
+            tile_guard = Some(g);
+        }
         let pn_acts = pn_guard.as_deref();
+        let pn_tiles = tile_guard.as_deref();
         let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
         // Chunks per output: small enough that the caller can absorb a late worker's share.
         let single = n_threads == 1 || total_rows * rows < 64;
@@ -115,7 +146,14 @@ impl CpuBackend {
             if range.is_empty() {
                 return;
             }
+            let tiles = match w.kind {
+                RowKind::Pn(ty) => pn_tiles.and_then(|t| t[pn_index(ty)].as_ref()),
+                RowKind::Stock(_) => None,
+            };
             let r = match (direct, w.kind, pn_acts) {
+                (false, RowKind::Pn(ty), _) if tiles.is_some() => {
+                    tiles.map_or(Ok(()), |t| matmul_pn_tiled(w, ty, t, *y, range))
+                }
                 (true, RowKind::Pn(ty), Some(acts)) => {
                     matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
                 }
@@ -231,19 +269,59 @@ fn matmul_pn(
         let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
         return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
     }
-    for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
-        let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
-        for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
-            let t = g * MULTI_ROWS + j;
-            // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
-            // every other `outs` entry, which are other output rows); in bounds because the
-            // output holds `rows * w.rows` floats (checked by `matmul`).
-            *o = unsafe {
-                std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
-            };
+    // Row tiles that stay in L2 while every group of input rows passes over them (one tile
+    // for a few input rows: the weights are then read once anyway).
+    let tile_rows = if acts.len() <= MULTI_ROWS {
+        range.len()
+    } else {
+        (PN_TILE_BYTES / rb.max(1)).max(16)
+    };
+    for r0 in (range.start..range.end).step_by(tile_rows.max(1)) {
+        let r1 = (r0 + tile_rows).min(range.end);
+        let tile = &w.bytes()[r0 * rb..r1 * rb];
+        for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
+            let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
+            for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
+                let t = g * MULTI_ROWS + j;
+                // SAFETY: rows `r0..r1` (inside `range`) of output row `t` belong to this
+                // thread only (disjoint from every other `outs` entry, which are other output
+                // rows); in bounds because the output holds `rows * w.rows` floats (checked by
+                // `matmul`).
+                *o = unsafe {
+                    std::slice::from_raw_parts_mut(y.get().add(t * w.rows + r0), r1 - r0)
+                };
+            }
+            pn_format::dot::matvec_multi(ty, tile, r1 - r0, group, &mut outs[..group.len()])
+                .map_err(pn_err)?;
         }
-        pn_format::dot::matvec_multi(ty, bytes, range.len(), group, &mut outs[..group.len()])
-            .map_err(pn_err)?;
     }
     Ok(())
+}
+
+/// PN rows against activation tiles (`pn_format::dot::matmul_tiled`: 16 x 16 AMX tiles).
+fn matmul_pn_tiled(
+    w: &CpuWeight,
+    ty: PnType,
+    tiles: &TileActs,
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    let rb = w.row_bytes;
+    let bytes = &w.bytes()[range.start * rb..range.end * rb];
+    let mut outs: Vec<&mut [f32]> = (0..tiles.n_rows())
+        .map(|t| {
+            // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
+            // the other entries, which are other output rows); in bounds because the output
+            // holds `rows * w.rows` floats (checked by `matmul`).
+            unsafe {
+                std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
+            }
+        })
+        .collect();
+    pn_format::dot::matmul_tiled(ty, bytes, range.len(), tiles, &mut outs).map_err(|e| {
+        ModelError::BadTensorData {
+            name: w.name().into(),
+            reason: format!("rows {range:?}: {e}"),
+        }
+    })
 }

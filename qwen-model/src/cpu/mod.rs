@@ -19,7 +19,7 @@ use crate::backend::{
 use crate::error::ModelError;
 use kv::zeroed_vec;
 use matmul::DECODE_ROWS_MIN;
-use pn_format::dot::PreparedI16;
+use pn_format::dot::{PreparedI16, TileActs};
 use pool::Pool;
 use std::sync::Mutex;
 
@@ -37,6 +37,9 @@ pub struct CpuBackend {
     /// Activations prepared for PN rows (int16 per block), per PN type and input row; reused
     /// across calls so the buffers are allocated once.
     pn_acts: Mutex<[Vec<PreparedI16>; 2]>,
+    /// Activations quantized to 24 bits in AMX tile order, per PN type, for many-row calls on
+    /// a CPU with AMX; reused across calls like `pn_acts`.
+    pn_tiles: Mutex<[Option<TileActs>; 2]>,
     /// Input rows at or above which quantized rows are decoded once (see [`DECODE_ROWS_MIN`]).
     decode_rows_min: usize,
 }
@@ -74,13 +77,15 @@ impl CpuBackend {
             scratch: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
             gdn_chunked: true,
             pn_acts: Mutex::new([Vec::new(), Vec::new()]),
+            pn_tiles: Mutex::new([None, None]),
             decode_rows_min: DECODE_ROWS_MIN,
         }
     }
 
     /// Sets the input-row count from which quantized matrix rows are decoded to f32 once and
-    /// reused (below it: fused multi-vector dot products). For benchmarks and tests that compare
-    /// the two paths; the default is tuned for decode and speculative verification.
+    /// reused (below it: fused multi-vector dot products; at or above it PN rows on a CPU with
+    /// AMX are multiplied in tiles instead). For benchmarks and tests that compare the paths;
+    /// the default is tuned for decode and speculative verification.
     pub fn set_decode_rows_min(&mut self, rows: usize) {
         self.decode_rows_min = rows.max(1);
     }

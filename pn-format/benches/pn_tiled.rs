@@ -1,0 +1,91 @@
+//! A prompt chunk of 64 input rows against the 27B `ffn_up` (pn3t, 17408 x 5120) and
+//! `ffn_down` (pn4t, 5120 x 17408) shapes on one thread: the AMX tiles (`matmul_tiled`, where
+//! the CPU has AMX), the fused int16 kernels in groups of 8 (`matvec_multi`, the path without
+//! AMX) and a plain read of the same bytes. Report ratios within one run (criterion's
+//! `estimates.json` medians, divided), never bare times; the time per input row is what a
+//! prompt token costs.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pn_format::dot::{amx_available, matmul_tiled, matvec_multi, TileActs, MAX_ACTS};
+use pn_format::{PnType, PreparedI16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::hint::black_box;
+use std::time::Duration;
+
+/// Input rows of the chunk.
+const N: usize = 64;
+
+/// `rows` rows of random valid blocks of type `ty`.
+fn random_weights(ty: PnType, rows: usize, k: usize) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let nb = rows * k / ty.weights_per_block();
+    let reserved = if ty == PnType::Pn3t { 0x8000_8000 } else { 0 };
+    let mut out = Vec::with_capacity(nb * 34);
+    for _ in 0..nb {
+        let d = half::f16::from_f32(rng.random_range(-0.01f32..0.01));
+        out.extend_from_slice(&d.to_le_bytes());
+        for _ in 0..8 {
+            out.extend_from_slice(&(rng.random::<u32>() & !reserved).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Sums the bytes as u64 words: the memory-read baseline.
+fn read_sum(bytes: &[u8]) -> u64 {
+    let mut acc = [0u64; 8];
+    for c in bytes.chunks_exact(64) {
+        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+        }
+    }
+    acc.iter().fold(0, |s, a| s.wrapping_add(*a))
+}
+
+fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
+    let weights = random_weights(ty, rows, k);
+    let mut rng = StdRng::seed_from_u64(2);
+    let x: Vec<f32> = (0..N * k).map(|_| rng.random_range(-1.7f32..1.7)).collect();
+    let acts: Vec<PreparedI16> = x
+        .chunks_exact(k)
+        .map(|xt| PreparedI16::new(ty, xt).unwrap())
+        .collect();
+    let tiles = TileActs::new(ty, &x, N).unwrap();
+    let mut outs = vec![vec![0f32; rows]; N];
+    let mut g = c.benchmark_group(format!("{ty} {rows}x{k} x {N} inputs"));
+    g.throughput(Throughput::Bytes(weights.len() as u64));
+    g.bench_function("read_baseline", |b| {
+        b.iter(|| black_box(read_sum(&weights)))
+    });
+    if amx_available() {
+        g.bench_function("tiled_amx", |b| {
+            b.iter(|| {
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_tiled(ty, &weights, rows, &tiles, &mut refs).unwrap();
+            })
+        });
+    }
+    g.bench_function("multi_i16_groups_of_8", |b| {
+        b.iter(|| {
+            for (a, o) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
+                let mut refs: Vec<&mut [f32]> = o.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matvec_multi(ty, &weights, rows, a, &mut refs).unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    bench_shape(c, PnType::Pn3t, 17408, 5120);
+    bench_shape(c, PnType::Pn4t, 5120, 17408);
+}
+
+criterion_group! {
+    name = tiled;
+    config = Criterion::default().sample_size(10).warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    targets = benches
+}
+criterion_main!(tiled);

@@ -1,0 +1,279 @@
+//! The tiled matrix-matrix product for many input rows (prompt chunks): `out[t][r] = dot(row r,
+//! x[t])` for 16 weight rows x 16 input rows at a time, on AMX tiles where the CPU has them.
+//!
+//! Activations are quantized per weight block to 24-bit integers (`x ~= sx * q`, `|q| <
+//! 2^23`): as precise as f32 itself (relative step 2^-23 of the block's largest value), so
+//! prefill keeps the numerics of the f32 path it replaces, not the int16 rounding of decode.
+//! `q` is split into a signed top byte and two unsigned bytes; the codes enter as signed `n - z`,
+//! so `tdpbssd` (top byte) and `tdpbsud` (the two low bytes) give three exact int32 block sums,
+//! combined in f32 as `65536 c2 + (256 c1 + c0)` (the second term exact in int32).
+//!
+//! [`TileActs`] quantizes and arranges a set of input rows once per call into the AMX "B"
+//! layout; [`matmul_tiled`] then runs any number of row ranges against it (one per thread).
+
+use crate::error::PnError;
+use crate::types::{PnType, BLOCK_BYTES};
+
+/// Weight rows (and input rows) per tile: the AMX tile height.
+pub const TILE: usize = 16;
+
+/// Input rows at or above which [`matmul_tiled`] beats the fused multi-vector kernels
+/// ([`super::matvec_multi`]) when AMX is available: the codes of a 16-row tile are unpacked
+/// once and a tile of 16 input rows is computed at once, so a few rows waste most of it.
+pub const TILED_ROWS_MIN: usize = super::MAX_ACTS + 1;
+
+/// Largest `|q|`: 24-bit signed.
+const Q_MAX: f32 = 8_388_607.0;
+
+/// Input rows quantized to 24 bits per block, in AMX tile order: per group of 16 input rows and
+/// per block, the three bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
+/// `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block position
+/// `kk = 16 j + l` is the code in 16-bit lane `l` of pair `j` of an unpacked word).
+#[derive(Clone, Debug)]
+pub struct TileActs {
+    ty: PnType,
+    k: usize,
+    n: usize,
+    /// `[group][block][kk / 4][input 16][kk % 4]`: bits 16..24 of `q` (signed).
+    pub(super) b2: Vec<i8>,
+    /// The same layout, bits 8..16.
+    pub(super) b1: Vec<u8>,
+    /// The same layout, bits 0..8.
+    pub(super) b0: Vec<u8>,
+    /// `[group][block][input 16]` activation scales (0 for padding inputs).
+    pub(super) sx: Vec<f32>,
+}
+
+impl TileActs {
+    /// Quantizes and arranges the `n` input rows of `x` (row-major, `n x k` with `k` a whole
+    /// number of `ty` blocks). Non-finite values make their block's scale NaN (NaN results).
+    pub fn new(ty: PnType, x: &[f32], n: usize) -> Result<Self, PnError> {
+        let mut t = TileActs {
+            ty,
+            k: 0,
+            n: 0,
+            b2: Vec::new(),
+            b1: Vec::new(),
+            b0: Vec::new(),
+            sx: Vec::new(),
+        };
+        t.update(x, n)?;
+        Ok(t)
+    }
+
+    /// Re-prepares for new input rows, reusing the buffers.
+    pub fn update(&mut self, x: &[f32], n: usize) -> Result<(), PnError> {
+        let ty = self.ty;
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(PnError::LengthMismatch {
+                what: "tiled activations (a whole number of input rows)",
+                expected: n.max(1) * (x.len() / n.max(1)),
+                got: x.len(),
+            });
+        }
+        let k = x.len() / n;
+        let nb = super::check_k(ty, k)?;
+        let bpw = ty.weights_per_block();
+        let cpw = ty.codes_per_word();
+        let groups = n.div_ceil(TILE);
+        self.k = k;
+        self.n = n;
+        let values = groups * nb * bpw * TILE;
+        for v in [&mut self.b1, &mut self.b0] {
+            v.clear();
+            v.resize(values, 0);
+        }
+        self.b2.clear();
+        self.b2.resize(values, 0);
+        self.sx.clear();
+        self.sx.resize(groups * nb * TILE, 0.0);
+        for (t, xt) in x.chunks_exact(k).enumerate() {
+            let (g, col) = (t / TILE, t % TILE);
+            for (b, xb) in xt.chunks_exact(bpw).enumerate() {
+                let gb = g * nb + b;
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let amax = if xb.iter().all(|v| v.is_finite()) {
+                    amax
+                } else {
+                    f32::NAN
+                };
+                self.sx[gb * TILE + col] = amax / Q_MAX;
+                let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+                let base = gb * bpw * TILE + 4 * col;
+                for kk in 0..bpw {
+                    let (j, l) = (kk / 16, kk % 16);
+                    let e = (l / 2) * cpw + 2 * j + l % 2;
+                    // `as` saturates and maps NaN to 0: no panic on any input.
+                    let q = (xb[e] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                    self.b2[at] = (q >> 16) as i8;
+                    self.b1[at] = (q >> 8) as u8;
+                    self.b0[at] = q as u8;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Input rows held.
+    pub fn n_rows(&self) -> usize {
+        self.n
+    }
+
+    /// The weight type these activations are for.
+    pub fn ty(&self) -> PnType {
+        self.ty
+    }
+
+    /// Blocks per row.
+    fn nb(&self) -> usize {
+        self.k / self.ty.weights_per_block()
+    }
+}
+
+/// Whether [`matmul_tiled`] runs on AMX here: the CPU has AMX-TILE and AMX-INT8, the OS grants
+/// this process the tile state, AVX-512BW is available and not capped away by
+/// [`crate::ISA_ENV`], and `PN_AMX` is not `0` (for A/B runs). Cached after the first call.
+pub fn amx_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        if matches!(std::env::var("PN_AMX").as_deref(), Ok("0")) {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::Isa::detect() >= crate::Isa::Avx512 && super::amx::request()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// `outs[t][r] = dot(row r, acts[t])` for `rows` consecutive rows of `weights`, in 16 x 16
+/// tiles on AMX when [`amx_available`], else with the portable reference (same arithmetic, slow:
+/// callers use [`super::matvec_multi`] where AMX is missing). Single-threaded: callers split the
+/// rows into ranges.
+pub fn matmul_tiled(
+    ty: PnType,
+    weights: &[u8],
+    rows: usize,
+    acts: &TileActs,
+    outs: &mut [&mut [f32]],
+) -> Result<(), PnError> {
+    matmul_tiled_with(amx_available(), ty, weights, rows, acts, outs)
+}
+
+/// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]) or the
+/// portable reference.
+pub fn matmul_tiled_with(
+    amx: bool,
+    ty: PnType,
+    weights: &[u8],
+    rows: usize,
+    acts: &TileActs,
+    outs: &mut [&mut [f32]],
+) -> Result<(), PnError> {
+    if acts.ty != ty {
+        return Err(PnError::TypeMismatch {
+            prepared: acts.ty,
+            weights: ty,
+        });
+    }
+    if outs.len() != acts.n {
+        return Err(PnError::LengthMismatch {
+            what: "tiled outputs (one per input row)",
+            expected: acts.n,
+            got: outs.len(),
+        });
+    }
+    if let Some(o) = outs.iter().find(|o| o.len() != rows) {
+        return Err(PnError::LengthMismatch {
+            what: "tiled output",
+            expected: rows,
+            got: o.len(),
+        });
+    }
+    let nb = acts.nb();
+    let expected = rows
+        .checked_mul(nb * BLOCK_BYTES)
+        .ok_or(PnError::LengthMismatch {
+            what: "tiled weight bytes",
+            expected: usize::MAX,
+            got: weights.len(),
+        })?;
+    if weights.len() != expected {
+        return Err(PnError::LengthMismatch {
+            what: "tiled weight bytes",
+            expected,
+            got: weights.len(),
+        });
+    }
+    if acts.n == 0 || rows == 0 {
+        return Ok(());
+    }
+    if nb == 0 {
+        outs.iter_mut().for_each(|o| o.fill(0.0));
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if amx && amx_available() {
+        // SAFETY: AMX and AVX-512BW are available and the tile state granted (`amx_available`);
+        // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
+        // (both checked above), every output holds `rows` values.
+        unsafe { super::amx::matmul(ty, weights, rows, nb, acts, outs) };
+        return Ok(());
+    }
+    let _ = amx;
+    reference(ty, weights, rows, nb, acts, outs);
+    Ok(())
+}
+
+/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sums `c2`, `c1`,
+/// `c0` of `(n - z)` times each byte of `q`, combined as `65536 c2 + (256 c1 + c0)` in f32, times
+/// `d * sx`, summed over blocks in order.
+fn reference(
+    ty: PnType,
+    weights: &[u8],
+    rows: usize,
+    nb: usize,
+    acts: &TileActs,
+    outs: &mut [&mut [f32]],
+) {
+    let bpw = ty.weights_per_block();
+    let cpw = ty.codes_per_word();
+    let mask = u32::from(ty.max_code());
+    let z = ty.zero_point();
+    let rb = nb * BLOCK_BYTES;
+    let mut codes = vec![0i32; bpw];
+    for r in 0..rows {
+        let row = &weights[r * rb..(r + 1) * rb];
+        for (t, out) in outs.iter_mut().enumerate() {
+            let (g, col) = (t / TILE, t % TILE);
+            let mut total = 0.0f32;
+            for (b, blk) in crate::block::blocks(ty, row)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                for (kk, c) in codes.iter_mut().enumerate() {
+                    let (j, l) = (kk / 16, kk % 16);
+                    let e = (l / 2) * cpw + 2 * j + l % 2;
+                    let n = (blk.word(e / cpw) >> ty.code_shift(e % cpw)) & mask;
+                    *c = n as i32 - z;
+                }
+                let gb = g * nb + b;
+                let base = gb * bpw * TILE + 4 * col;
+                let (mut c2, mut c1, mut c0) = (0i32, 0i32, 0i32);
+                for (kk, &c) in codes.iter().enumerate() {
+                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                    c2 += c * i32::from(acts.b2[at]);
+                    c1 += c * i32::from(acts.b1[at]);
+                    c0 += c * i32::from(acts.b0[at]);
+                }
+                let f = (c2 as f32).mul_add(65536.0, (256 * c1 + c0) as f32);
+                total = f.mul_add(blk.scale() * acts.sx[gb * TILE + col], total);
+            }
+            out[r] = total;
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The tiled (AMX) matrix product: AMX == its portable reference on random rows (odd block
+//! counts, row counts that are not a multiple of 16, 1..=40 input rows, unaligned weights,
+//! adversarial activations), the reference == the exact f64 dot product to f32 precision (24-bit
+//! activations), and typed errors for every shape mismatch. The AMX half runs where the CPU has
+//! AMX.
+
+mod common;
+
+use common::{magnitude, random_rows, Rng};
+use pn_format::dot::{amx_available, matmul_tiled_with, TileActs};
+use pn_format::{dot_ref_f64, PnError, PnType};
+use proptest::prelude::*;
+
+fn tiled(amx: bool, ty: PnType, w: &[u8], rows: usize, acts: &TileActs) -> Vec<Vec<f32>> {
+    let mut outs = vec![vec![f32::NAN; rows]; acts.n_rows()];
+    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    matmul_tiled_with(amx, ty, w, rows, acts, &mut refs).unwrap();
+    outs
+}
+
+fn exact(ty: PnType, w: &[u8], rows: usize, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let rb = w.len() / rows;
+    xs.iter()
+        .map(|x| {
+            (0..rows)
+                .map(|r| dot_ref_f64(ty, &w[r * rb..(r + 1) * rb], x).unwrap() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn flat(xs: &[Vec<f32>]) -> Vec<f32> {
+    xs.concat()
+}
+
+/// Activations with adversarial blocks mixed in: all zero, one huge value, +-max everywhere.
+fn activations(rng: &mut Rng, ty: PnType, nb: usize, kind: u8) -> Vec<f32> {
+    let bpw = ty.weights_per_block();
+    let mut x = rng.normals(nb * bpw, 3.0);
+    for (b, xb) in x.chunks_exact_mut(bpw).enumerate() {
+        match (kind as usize + b) % 5 {
+            0 => xb.fill(0.0),
+            1 => xb[b % bpw] = 1e30,
+            2 => xb.iter_mut().enumerate().for_each(|(i, v)| {
+                *v = if i % 2 == 0 { -7.5 } else { 7.5 };
+            }),
+            _ => {}
+        }
+    }
+    x
+}
+
+fn check(
+    tol: f64,
+    ty: PnType,
+    w: &[u8],
+    xs: &[Vec<f32>],
+    got: &[Vec<f32>],
+    want: &[Vec<f32>],
+    what: &str,
+) -> Result<(), TestCaseError> {
+    let rows = want[0].len();
+    let rb = w.len() / rows;
+    let nb = rb / 34;
+    for r in 0..rows {
+        let row = &w[r * rb..(r + 1) * rb];
+        for (t, x) in xs.iter().enumerate() {
+            let tol = tol * magnitude(ty, row, x) + 1e-30;
+            prop_assert!(
+                (got[t][r] as f64 - want[t][r] as f64).abs() <= tol,
+                "{} {} nb {} input {} row {}: {} vs {}",
+                what,
+                ty,
+                nb,
+                t,
+                r,
+                got[t][r],
+                want[t][r]
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn amx_matches_reference_and_decode_numerics(
+        pn4 in any::<bool>(),
+        nb in 1usize..20,
+        rows in 1usize..37,
+        m in 1usize..=40,
+        offset in 0usize..4,
+        kind in any::<u8>(),
+        seed in any::<u64>(),
+    ) {
+        let ty = if pn4 { PnType::Pn4t } else { PnType::Pn3t };
+        let mut buf = vec![0u8; offset];
+        buf.extend(random_rows(nb, rows, seed));
+        let w = &buf[offset..];
+        let mut rng = Rng(seed ^ 0x7777);
+        let xs: Vec<Vec<f32>> = (0..m)
+            .map(|i| activations(&mut rng, ty, nb, kind.wrapping_add(i as u8)))
+            .collect();
+        let tiles = TileActs::new(ty, &flat(&xs), m).unwrap();
+        let reference = tiled(false, ty, w, rows, &tiles);
+        // 24-bit activations: a relative step of 2^-23 per block, plus f32 sums.
+        let want = exact(ty, w, rows, &xs);
+        check(2e-6, ty, w, &xs, &reference, &want, "reference vs exact")?;
+        if amx_available() {
+            let got = tiled(true, ty, w, rows, &tiles);
+            // The same integer sums; fma vs mul-add rounding only.
+            check(1e-6, ty, w, &xs, &got, &reference, "amx vs reference")?;
+        }
+    }
+}
+
+#[test]
+fn update_reuses_buffers_for_new_inputs() {
+    let ty = PnType::Pn3t;
+    let (nb, rows) = (7, 18);
+    let w = random_rows(nb, rows, 5);
+    let mut rng = Rng(8);
+    let xs: Vec<Vec<f32>> = (0..20).map(|_| rng.normals(nb * 80, 1.0)).collect();
+    let x = flat(&xs);
+    let mut tiles = TileActs::new(ty, &x[..3 * nb * 80], 3).unwrap();
+    tiles.update(&x, 20).unwrap();
+    assert_eq!(tiles.n_rows(), 20);
+    let fresh = TileActs::new(ty, &x, 20).unwrap();
+    for amx in [false, true] {
+        assert_eq!(
+            tiled(amx, ty, &w, rows, &tiles),
+            tiled(amx, ty, &w, rows, &fresh)
+        );
+    }
+}
+
+#[test]
+fn shape_errors_are_typed() {
+    let ty = PnType::Pn3t;
+    let w = random_rows(2, 3, 1);
+    let x = vec![0.5f32; 320];
+    let tiles = TileActs::new(ty, &x, 2).unwrap();
+    let (mut o0, mut o1, mut short) = (vec![0.0; 3], vec![0.0; 3], vec![0.0; 2]);
+    let call = |w: &[u8], outs: &mut [&mut [f32]]| matmul_tiled_with(true, ty, w, 3, &tiles, outs);
+    assert!(call(&w, &mut [&mut o0, &mut o1]).is_ok());
+    assert!(matches!(
+        call(&w, &mut [&mut o0]),
+        Err(PnError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        call(&w, &mut [&mut o0, &mut short]),
+        Err(PnError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        call(&w[1..], &mut [&mut o0, &mut o1]),
+        Err(PnError::LengthMismatch { .. })
+    ));
+    // Not a whole number of rows, no rows, a ragged row length.
+    assert!(matches!(
+        TileActs::new(ty, &x[..319], 2),
+        Err(PnError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        TileActs::new(ty, &x, 0),
+        Err(PnError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        TileActs::new(ty, &x[..300], 2),
+        Err(PnError::RaggedWeights { .. })
+    ));
+    let p4 = TileActs::new(PnType::Pn4t, &x[..128], 1).unwrap();
+    assert!(matches!(
+        matmul_tiled_with(true, ty, &w, 3, &p4, &mut [&mut o0]),
+        Err(PnError::TypeMismatch { .. })
+    ));
+}
+
+#[test]
+fn non_finite_activations_give_nan_not_panic() {
+    let ty = PnType::Pn4t;
+    let w = random_rows(3, 17, 9);
+    let mut x = vec![1.0f32; 192];
+    x[70] = f32::INFINITY;
+    let mut both = vec![1.0f32; 192];
+    both.extend_from_slice(&x);
+    let tiles = TileActs::new(ty, &both, 2).unwrap();
+    for amx in [false, true] {
+        let got = tiled(amx, ty, &w, 17, &tiles);
+        assert!(got[0].iter().all(|v| v.is_finite()), "amx {amx}");
+        assert!(got[1].iter().all(|v| v.is_nan()), "amx {amx}");
+    }
+}
