@@ -15,7 +15,8 @@ fn endpoints_streaming_and_usage() {
     let m = s.get("/v1/models").json();
     assert_eq!(m["object"], "list");
     let id = m["data"][0]["id"].as_str().unwrap().to_string();
-    assert!(id.starts_with("model-"), "{m}");
+    // The built-in demo (no -m) is named after its folder: `demo-code-model-pn3`.
+    assert_eq!(id, "demo-code-model-pn3", "{m}");
 
     // Chat, non-streamed.
     let body = r#"{"model":"x","messages":[{"role":"system","content":"You write Python."},{"role":"user","content":"def add(a, b):"}],"max_tokens":8,"seed":7,"temperature":0.7}"#;
