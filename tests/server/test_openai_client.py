@@ -19,7 +19,8 @@ def test_models_list(client):
     models = client.models.list()
     assert len(models.data) == 1
     assert models.data[0].object == "model"
-    assert models.data[0].id.startswith("model-")
+    # The built-in demo (no -m) is named after its folder.
+    assert models.data[0].id == "demo-code-model-pn3"
 
 
 def test_chat_completion_usage(client):
