@@ -12,23 +12,13 @@ use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::read_sum;
+
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
     // Uniform noise with unit variance is as good as normal for timing.
     (0..n).map(|_| rng.random_range(-1.732f32..1.732)).collect()
-}
-
-/// Sums the bytes as u64 words: the memory-read baseline (vectorises to full load bandwidth).
-fn read_sum(bytes: &[u8]) -> u64 {
-    let mut acc = [0u64; 8];
-    let mut chunks = bytes.chunks_exact(64);
-    for c in &mut chunks {
-        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
-        }
-    }
-    let tail: u64 = chunks.remainder().iter().map(|&b| u64::from(b)).sum();
-    acc.iter().fold(tail, |s, a| s.wrapping_add(*a))
 }
 
 /// Runs `f` on two threads over the two halves of the rows.

@@ -13,35 +13,11 @@ use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
 
+mod common;
+use common::{random_weights, read_sum};
+
 /// Input rows of the chunk.
 const N: usize = 64;
-
-/// `rows` rows of random valid blocks of type `ty`.
-fn random_weights(ty: PnType, rows: usize, k: usize) -> Vec<u8> {
-    let mut rng = StdRng::seed_from_u64(7);
-    let nb = rows * k / ty.weights_per_block();
-    let reserved = if ty == PnType::Pn3t { 0x8000_8000 } else { 0 };
-    let mut out = Vec::with_capacity(nb * 34);
-    for _ in 0..nb {
-        let d = half::f16::from_f32(rng.random_range(-0.01f32..0.01));
-        out.extend_from_slice(&d.to_le_bytes());
-        for _ in 0..8 {
-            out.extend_from_slice(&(rng.random::<u32>() & !reserved).to_le_bytes());
-        }
-    }
-    out
-}
-
-/// Sums the bytes as u64 words: the memory-read baseline.
-fn read_sum(bytes: &[u8]) -> u64 {
-    let mut acc = [0u64; 8];
-    for c in bytes.chunks_exact(64) {
-        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
-        }
-    }
-    acc.iter().fold(0, |s, a| s.wrapping_add(*a))
-}
 
 fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
     let weights = random_weights(ty, rows, k);
