@@ -173,11 +173,11 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<i64>,
     /// Extra template variables (`{"enable_thinking": false}`).
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    /// Tool definitions, passed to the template.
+    /// Tool definitions (see [`tools`](super::tools)).
     pub tools: Option<Vec<Value>>,
-    /// Ignored (no tool-call parsing yet).
+    /// `auto`, `none`, `required` or a named function.
     pub tool_choice: Option<Value>,
-    /// Ignored.
+    /// Whether more than one call may be returned (default true).
     pub parallel_tool_calls: Option<bool>,
     /// Passed to the template as a variable.
     pub reasoning_effort: Option<String>,
@@ -234,7 +234,7 @@ fn parse_object(body: &[u8], allowed: &[&[&str]]) -> Result<Map<String, Value>, 
     Ok(map)
 }
 
-fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
+pub(crate) fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
     // `Map` deserializes from a reference, so the body is not copied per struct.
     serde_path_to_error::deserialize::<_, T>(map).map_err(|e| {
         let path = e.path().to_string();
@@ -478,63 +478,6 @@ impl ChatRequest {
         }
         Ok(())
     }
-
-    /// The messages as template input (`developer` is mapped to `system`; content parts are
-    /// joined), rejecting unknown roles and non-text parts.
-    pub fn template_messages(&self) -> Result<Vec<Value>, ApiError> {
-        let mut out = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "developer" => "system",
-                r @ ("system" | "user" | "assistant" | "tool") => r,
-                other => {
-                    return Err(ApiError::invalid_param(
-                        format!("messages[{i}].role"),
-                        format!("unknown role '{other}' (expected system, developer, user, assistant or tool)"),
-                    ))
-                }
-            };
-            let content = match &m.content {
-                None => String::new(),
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => {
-                    let mut s = String::new();
-                    for (j, p) in parts.iter().enumerate() {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => s.push_str(t),
-                            _ => {
-                                return Err(ApiError::invalid_param(
-                                    format!("messages[{i}].content[{j}]"),
-                                    format!(
-                                        "content part of type '{}' is not supported (text only)",
-                                        p.kind
-                                    ),
-                                ))
-                            }
-                        }
-                    }
-                    s
-                }
-            };
-            let mut obj = Map::new();
-            obj.insert("role".into(), role.into());
-            obj.insert("content".into(), content.into());
-            if let Some(r) = &m.reasoning_content {
-                obj.insert("reasoning_content".into(), r.clone().into());
-            }
-            if let Some(n) = &m.name {
-                obj.insert("name".into(), n.clone().into());
-            }
-            if let Some(t) = &m.tool_calls {
-                obj.insert("tool_calls".into(), t.clone());
-            }
-            if let Some(t) = &m.tool_call_id {
-                obj.insert("tool_call_id".into(), t.clone().into());
-            }
-            out.push(Value::Object(obj));
-        }
-        Ok(out)
-    }
 }
 
 impl CompletionRequest {
@@ -629,6 +572,9 @@ pub struct Delta {
     /// Thinking text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// Calls the model made (whole message), or pieces of them (chunks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCallOut>>,
 }
 
 /// One choice of a chat completion or chunk.

@@ -1,5 +1,6 @@
-//! `--api-key`: every route but `/health` needs `Authorization: Bearer KEY`, compared in
-//! constant time so the response time does not reveal how much of a guess was right.
+//! `--api-key`: every route but `/health` needs `Authorization: Bearer KEY` (or Anthropic's
+//! `x-api-key: KEY`), compared in constant time so the response time does not reveal how much
+//! of a guess was right.
 
 use super::error::ApiError;
 use axum::extract::{Request, State};
@@ -23,8 +24,13 @@ pub fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Whether the request's `Authorization` header carries `key`.
+/// Whether the request's `Authorization` (or `x-api-key`) header carries `key`.
 pub fn authorized(headers: &axum::http::HeaderMap, key: &str) -> bool {
+    if let Some(v) = headers.get("x-api-key") {
+        if constant_time_eq(v.as_bytes().trim_ascii(), key.as_bytes()) {
+            return true;
+        }
+    }
     let Some(value) = headers.get(AUTHORIZATION) else {
         return false;
     };
@@ -44,7 +50,11 @@ pub async fn require_key(
 ) -> Response {
     match key.as_deref() {
         Some(k) if request.uri().path() != "/health" && !authorized(request.headers(), k) => {
-            ApiError::unauthorized().into_response()
+            if request.uri().path().starts_with("/v1/messages") {
+                super::anthropic::error_response(ApiError::unauthorized())
+            } else {
+                ApiError::unauthorized().into_response()
+            }
         }
         _ => next.run(request).await,
     }
@@ -75,5 +85,8 @@ mod tests {
         assert!(!authorized(&h, "k2"));
         h.insert(AUTHORIZATION, HeaderValue::from_static("k1"));
         assert!(!authorized(&h, "k1"));
+        h.insert("x-api-key", HeaderValue::from_static("k1"));
+        assert!(authorized(&h, "k1"));
+        assert!(!authorized(&h, "k2"));
     }
 }

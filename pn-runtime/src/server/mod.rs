@@ -18,15 +18,18 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod anthropic;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod messages;
 pub mod metrics;
 pub mod reasoning;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
 pub mod structured;
+pub mod tools;
 
 use crate::engine::{Engine, EngineError};
 use std::io::Write;

@@ -6,9 +6,11 @@ use super::auth;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::reasoning::prompt_opens_thinking;
-use super::scheduler::{Job, Scheduler};
+use super::scheduler::{Event, Job, Scheduler};
 use super::stream::{CancelOnDrop, Endpoint, Reply};
 use super::structured::ExtraFields;
+use super::tools::grammar as tool_grammar;
+use super::tools::ToolConfig;
 use crate::chat_template::{ChatTemplate, TemplateContext};
 use crate::constrain::ConstraintFactory;
 use crate::engine::{CancelToken, Engine, Prompt, StopConditions};
@@ -24,6 +26,7 @@ use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -59,8 +62,18 @@ async fn add_constraint(
     let Some((grammar, field)) = extras.grammar()? else {
         return Ok(());
     };
+    settings.params.constraint = Some(compile_grammar(st, grammar, field).await?);
+    Ok(())
+}
+
+/// Compiles `grammar` for the engine's vocabulary; a bad grammar is a 400 naming `field`.
+async fn compile_grammar(
+    st: &Shared,
+    grammar: crate::constrain::Grammar,
+    field: &'static str,
+) -> Result<crate::constrain::Constraint, ApiError> {
     let state = Arc::clone(st);
-    let constraint = blocking(move || {
+    blocking(move || {
         let factory = state
             .constraints
             .get_or_init(|| {
@@ -72,9 +85,7 @@ async fn add_constraint(
             .compile(&grammar)
             .map_err(|e| ApiError::invalid_param(field, e.to_string()))
     })
-    .await?;
-    settings.params.constraint = Some(constraint);
-    Ok(())
+    .await
 }
 
 type Shared = Arc<AppState>;
@@ -86,6 +97,11 @@ pub fn router(state: Shared, api_key: Option<String>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(super::anthropic::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(super::anthropic::count_tokens),
+        )
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
@@ -155,7 +171,10 @@ async fn models(State(st): State<Shared>) -> Response {
     .into_response()
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+pub(super) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError {
@@ -171,7 +190,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
     })
 }
 
-fn next_id(prefix: &str) -> String {
+pub(super) fn next_id(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -213,43 +232,132 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
                 .entry("reasoning_effort")
                 .or_insert_with(|| effort.clone().into());
         }
-        let tools = req.tools.clone();
-        let engine = st.engine.clone();
-        let state = Arc::clone(&st);
-        let (text, tokens) = blocking(move || {
-            let mut ctx = TemplateContext::new();
-            ctx.set("messages", &messages);
-            if let Some(tools) = &tools {
-                ctx.set("tools", tools);
-            }
-            if !kwargs.is_empty() {
-                let json = serde_json::Value::Object(kwargs).to_string();
-                ctx.set_kwargs_json(&json)
-                    .map_err(|e| ApiError::invalid_param("chat_template_kwargs", e.to_string()))?;
-            }
-            ctx.add_generation_prompt(true);
-            let template = state.template.as_ref().unwrap_or(engine.chat_template());
-            // Control tokens only from the template: a message cannot forge a turn.
-            let prompt = template
-                .render_prompt(&ctx, engine.tokenizer())
-                .map_err(|e| match e {
-                    crate::chat_template::ChatTemplateError::Tokenize(e) => {
-                        ApiError::internal(format!("tokenizing the prompt: {e}"))
-                    }
-                    e => ApiError::invalid_param("messages", format!("chat template: {e}")),
-                })?;
-            Ok((prompt.text, prompt.tokens))
-        })
-        .await?;
-        // Constrained output is all content: the grammar starts at the first token, so a
-        // thinking block the prompt opens is not expected to close.
-        let endpoint = Endpoint::Chat {
-            thinking: settings.params.constraint.is_none() && prompt_opens_thinking(&text),
+        let tools = ToolConfig::from_openai(
+            req.tools.as_deref(),
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+        )?;
+        let job = ChatJob {
+            messages,
+            template_tools: req.tools.clone(),
+            tools,
+            kwargs,
+            settings,
         };
-        start(&st, tokens, settings, endpoint, arrival, "messages").await
+        let q = queue_chat(&st, job).await?;
+        let endpoint = Endpoint::Chat {
+            thinking: q.thinking,
+        };
+        Ok::<_, ApiError>(respond(&st, q, endpoint, arrival).await)
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A chat request of either API, ready to render and queue.
+pub(super) struct ChatJob {
+    /// Template input messages.
+    pub messages: Vec<serde_json::Value>,
+    /// Tool definitions for the template (`tools.choice == None` drops them).
+    pub template_tools: Option<Vec<serde_json::Value>>,
+    /// Tool settings.
+    pub tools: Option<ToolConfig>,
+    /// Template variables.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Generation settings (a grammar from the request's extras already set).
+    pub settings: GenSettings,
+}
+
+/// A queued generation.
+pub(super) struct Queued {
+    /// Its events.
+    pub rx: UnboundedReceiver<Event>,
+    /// Cancels it when the response is dropped.
+    pub guard: CancelOnDrop,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// The output starts inside a thinking block.
+    pub thinking: bool,
+    /// Its settings (`max_tokens` clamped to the context).
+    pub settings: GenSettings,
+    /// Tools whose calls are parsed out of the output.
+    pub tools: Option<ToolConfig>,
+}
+
+/// Renders the chat prompt, adds the grammar a forced tool call needs, and queues it.
+pub(super) async fn queue_chat(st: &Shared, job: ChatJob) -> Result<Queued, ApiError> {
+    let ChatJob {
+        messages,
+        template_tools,
+        tools,
+        kwargs,
+        mut settings,
+    } = job;
+    let template_tools = match &tools {
+        Some(t) if !t.parses_calls() => None,
+        _ => template_tools,
+    };
+    let (text, tokens) = render_chat(st, messages, template_tools, kwargs).await?;
+    let opens = prompt_opens_thinking(&text);
+    let mut thinking = settings.params.constraint.is_none() && opens;
+    if let Some(cfg) = tools.as_ref().filter(|t| t.forces_call()) {
+        if settings.params.constraint.is_some() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "a forced tool call cannot be combined with response_format or a grammar",
+            ));
+        }
+        let lark = tool_grammar::call_grammar(cfg, tool_grammar::CallForm::of_prompt(&text), opens);
+        let grammar = crate::constrain::Grammar::Lark(lark);
+        settings.params.constraint = Some(compile_grammar(st, grammar, "tool_choice").await?);
+        // The grammar lets the thinking block finish first.
+        thinking = opens;
+    }
+    let (rx, guard, prompt_tokens) = submit(st, tokens, &mut settings, "messages")?;
+    Ok(Queued {
+        rx,
+        guard,
+        prompt_tokens,
+        thinking,
+        settings,
+        tools: tools.filter(ToolConfig::parses_calls),
+    })
+}
+
+/// Renders and tokenizes a chat prompt (off the async threads).
+pub(super) async fn render_chat(
+    st: &Shared,
+    messages: Vec<serde_json::Value>,
+    tools: Option<Vec<serde_json::Value>>,
+    kwargs: serde_json::Map<String, serde_json::Value>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let engine = st.engine.clone();
+    let state = Arc::clone(st);
+    blocking(move || {
+        let mut ctx = TemplateContext::new();
+        ctx.set("messages", &messages);
+        if let Some(tools) = &tools {
+            ctx.set("tools", tools);
+        }
+        if !kwargs.is_empty() {
+            let json = serde_json::Value::Object(kwargs).to_string();
+            ctx.set_kwargs_json(&json)
+                .map_err(|e| ApiError::invalid_param("chat_template_kwargs", e.to_string()))?;
+        }
+        ctx.add_generation_prompt(true);
+        let template = state.template.as_ref().unwrap_or(engine.chat_template());
+        // Control tokens only from the template: a message cannot forge a turn.
+        let prompt = template
+            .render_prompt(&ctx, engine.tokenizer())
+            .map_err(|e| match e {
+                crate::chat_template::ChatTemplateError::Tokenize(e) => {
+                    ApiError::internal(format!("tokenizing the prompt: {e}"))
+                }
+                e => ApiError::invalid_param("messages", format!("chat template: {e}")),
+            })?;
+        Ok((prompt.text, prompt.tokens))
+    })
+    .await
 }
 
 async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -279,29 +387,29 @@ async fn completions(State(st): State<Shared>, body: Result<Bytes, BytesRejectio
             }
         })
         .await?;
-        start(
-            &st,
-            tokens,
+        let (rx, guard, prompt_tokens) = submit(&st, tokens, &mut settings, "prompt")?;
+        let q = Queued {
+            rx,
+            guard,
+            prompt_tokens,
+            thinking: false,
             settings,
-            Endpoint::Completion,
-            arrival,
-            "prompt",
-        )
-        .await
+            tools: None,
+        };
+        Ok::<_, ApiError>(respond(&st, q, Endpoint::Completion, arrival).await)
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Checks the prompt against the context, queues it and answers.
-async fn start(
+/// Checks the prompt against the context and queues it: its events, the guard that cancels
+/// it, and the prompt length.
+pub(super) fn submit(
     st: &Shared,
     tokens: Vec<u32>,
-    mut settings: GenSettings,
-    endpoint: Endpoint,
-    arrival: Instant,
+    settings: &mut GenSettings,
     what: &str,
-) -> Result<Response, ApiError> {
+) -> Result<(UnboundedReceiver<Event>, CancelOnDrop, usize), ApiError> {
     let context = st.engine.context();
     let n = tokens.len();
     if n == 0 {
@@ -335,8 +443,12 @@ async fn start(
         events: tx,
     };
     st.scheduler.submit(job)?;
-    let guard = CancelOnDrop(cancel);
-    let stream = settings.stream;
+    Ok((rx, CancelOnDrop(cancel), n))
+}
+
+/// Answers a queued OpenAI request, whole or streamed.
+async fn respond(st: &Shared, q: Queued, endpoint: Endpoint, arrival: Instant) -> Response {
+    let stream = q.settings.stream;
     let reply = Reply {
         endpoint,
         id: next_id(match endpoint {
@@ -345,14 +457,15 @@ async fn start(
         }),
         created: unix_now(),
         model: st.model_id.clone(),
-        prompt_tokens: n,
+        prompt_tokens: q.prompt_tokens,
         arrival,
         metrics: Arc::clone(&st.metrics),
-        settings,
+        settings: q.settings,
+        tools: q.tools,
     };
-    Ok(if stream {
-        reply.streamed(rx, guard)
+    if stream {
+        reply.streamed(q.rx, q.guard)
     } else {
-        reply.whole(rx, guard).await
-    })
+        reply.whole(q.rx, q.guard).await
+    }
 }

@@ -8,6 +8,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use super::reasoning::{ReasoningSplitter, Split};
 use super::scheduler::Event;
+use super::tools::{take_calls, CallStream, Piece, ToolCall, ToolCallOut, ToolConfig};
 use crate::engine::{CancelToken, FinishReason};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -59,6 +60,8 @@ pub struct Reply {
     pub metrics: Arc<Metrics>,
     /// The request's settings.
     pub settings: GenSettings,
+    /// The tools whose calls are parsed out of the answer (chat only).
+    pub tools: Option<ToolConfig>,
 }
 
 /// OpenAI's finish reason.
@@ -144,14 +147,22 @@ impl Reply {
                         append(&mut split, s.finish());
                     }
                     let usage = Usage::new(self.prompt_tokens, processed, timings.generated_tokens);
-                    let reason = Some(finish_reason(&finish));
+                    let (split, calls) = take_calls(self.tools.as_ref(), split, "call_");
+                    let reason = Some(match calls.is_empty() {
+                        true => finish_reason(&finish),
+                        false => "tool_calls",
+                    });
                     return match self.endpoint {
                         Endpoint::Chat { .. } => {
                             let message = Delta {
                                 role: Some("assistant"),
-                                content: Some(split.content),
+                                // OpenAI: null content beside calls when there is no text.
+                                content: (calls.is_empty() || !split.content.is_empty())
+                                    .then_some(split.content),
                                 reasoning_content: (!split.reasoning.is_empty())
                                     .then_some(split.reasoning),
+                                tool_calls: (!calls.is_empty())
+                                    .then(|| calls.iter().map(ToolCallOut::whole).collect()),
                             };
                             let mut c = self.chat_chunk(None, reason);
                             c.object = "chat.completion";
@@ -179,6 +190,7 @@ impl Reply {
                 Endpoint::Chat { thinking } => Some(ReasoningSplitter::new(thinking)),
                 Endpoint::Completion => None,
             },
+            calls: self.tools.as_ref().map(|t| CallStream::new(t, "call_")),
             processed: self.prompt_tokens,
             first_token: true,
             out: VecDeque::new(),
@@ -193,6 +205,7 @@ impl Reply {
                 role: Some("assistant"),
                 content: Some(String::new()),
                 reasoning_content: None,
+                tool_calls: None,
             };
             state.push_json(&state.reply.chat_chunk(Some(delta), None));
         }
@@ -229,6 +242,7 @@ fn append(to: &mut Split, s: Split) {
 struct StreamState {
     reply: Reply,
     splitter: Option<ReasoningSplitter>,
+    calls: Option<CallStream>,
     processed: usize,
     first_token: bool,
     /// SSE payloads ready to send.
@@ -260,6 +274,7 @@ impl StreamState {
                     role: None,
                     content: (!split.content.is_empty()).then_some(split.content),
                     reasoning_content: (!split.reasoning.is_empty()).then_some(split.reasoning),
+                    tool_calls: None,
                 });
                 let c = self.reply.chat_chunk(delta, finish);
                 self.push_json(&c);
@@ -268,6 +283,34 @@ impl StreamState {
                 let c = self.reply.text_chunk(split.content, finish);
                 self.push_json(&c);
             }
+        }
+    }
+
+    /// Text, with the calls parsed out of it when tools are on.
+    fn push_pieces(&mut self, split: Split, finish: bool) {
+        let Some(calls) = self.calls.as_mut() else {
+            return self.push_text(split, None);
+        };
+        let mut pieces = calls.push(split);
+        if finish {
+            pieces.extend(calls.finish());
+        }
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.push_text(t, None),
+                Piece::Call(c) => self.push_call(&c),
+            }
+        }
+    }
+
+    fn push_call(&mut self, c: &ToolCall) {
+        for d in ToolCallOut::deltas(c) {
+            let delta = Delta {
+                tool_calls: Some(vec![d]),
+                ..Delta::default()
+            };
+            let chunk = self.reply.chat_chunk(Some(delta), None);
+            self.push_json(&chunk);
         }
     }
 
@@ -286,7 +329,7 @@ impl StreamState {
                         content: t,
                     },
                 };
-                self.push_text(split, None);
+                self.push_pieces(split, false);
             }
             Event::Failed(e) => {
                 self.push_json(&e.body());
@@ -298,15 +341,17 @@ impl StreamState {
                     self.end();
                     return;
                 }
-                if let Some(rest) = self.splitter.as_mut().map(ReasoningSplitter::finish) {
-                    self.push_text(rest, None);
-                }
+                let rest = self.splitter.as_mut().map(ReasoningSplitter::finish);
+                self.push_pieces(rest.unwrap_or_default(), true);
                 let usage = Usage::new(
                     self.reply.prompt_tokens,
                     self.processed,
                     timings.generated_tokens,
                 );
-                let reason = Some(finish_reason(&finish));
+                let reason = Some(match self.calls.as_ref().map_or(0, CallStream::calls) {
+                    0 => finish_reason(&finish),
+                    _ => "tool_calls",
+                });
                 // The finishing chunk carries the usage too (as llama-server does), so clients
                 // that do not ask for `include_usage` still see the counts.
                 match self.reply.endpoint {
