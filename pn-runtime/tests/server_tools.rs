@@ -435,3 +435,74 @@ fn anthropic_messages() {
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"]["type"], "authentication_error");
 }
+
+/// The forced-call grammars (XML with free-text strings and the thinking prefix, and the JSON
+/// form) compile for a real vocabulary, accept the text the parser reads as a call, and reject
+/// what the parser would not read as one.
+#[test]
+fn forced_call_grammars_accept_what_the_parser_reads() {
+    use pn_runtime::constrain::{ConstraintFactory, Grammar};
+    use pn_runtime::server::tools::grammar::{call_grammar, CallForm};
+    use pn_runtime::server::tools::ToolChoice;
+    let engine = pn_runtime::Engine::load(pn_runtime::DEMO_MODEL_PATH, Default::default()).unwrap();
+    let tok = engine.tokenizer();
+    let factory = ConstraintFactory::new(tok).unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "write", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"},
+        "opts": {"type": "object", "properties": {"x": {"type": "boolean"}}}},
+        "required": ["path"]}}}]);
+    let cfg = ToolConfig::from_openai(
+        tools.as_array().map(Vec::as_slice),
+        Some(&json!("required")),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    // Whether the grammar accepts `text` whole.
+    let accepts = |grammar: &str, text: &str| {
+        let mut c = factory
+            .compile(&Grammar::Lark(grammar.to_string()))
+            .unwrap();
+        for id in tok.encode(text).unwrap() {
+            c.advance(id);
+        }
+        let ok = c.error().is_none() && c.is_accepting();
+        if !ok {
+            eprintln!("not accepted: {text:?}: {:?}", c.error());
+        }
+        ok
+    };
+    let call = "<tool_call>\n<function=write>\n<parameter=path>\na/b.py\nline 2 </parameter>\n<parameter=opts>\n{\"x\": true}\n</parameter>\n</function>\n</tool_call>";
+    let xml = call_grammar(&cfg, CallForm::Xml, true);
+    assert!(accepts(&xml, &format!("Plan.</think>\n\n{call}")), "{xml}");
+    assert!(accepts(&xml, &format!("</think>{call}\n{call}")));
+    // The parser reads the same text as the same call.
+    let mut p = ToolCallParser::new(cfg.set.clone());
+    let parsed = p.push(call);
+    match parsed.as_slice() {
+        [Parsed::Call(c)] => assert_eq!(
+            Value::Object(c.arguments.clone()),
+            json!({"path": "a/b.py\nline 2 ", "opts": {"x": true}})
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Missing the required parameter, a string holding `<parameter=`, text after the call.
+    let no_path = "<tool_call>\n<function=write>\n</function>\n</tool_call>";
+    let bad_value = "<tool_call>\n<function=write>\n<parameter=path>\na<parameter=b\n</parameter>\n</function>\n</tool_call>";
+    let plain = call_grammar(&cfg, CallForm::Xml, false);
+    assert!(accepts(&plain, call));
+    assert!(!accepts(&plain, no_path));
+    assert!(!accepts(&plain, bad_value));
+    assert!(!accepts(&plain, &format!("{call} and more")));
+    // The JSON form, for a named choice.
+    let named = ToolConfig {
+        choice: ToolChoice::Named("write".into()),
+        ..cfg.clone()
+    };
+    let jg = call_grammar(&named, CallForm::Json, false);
+    assert!(accepts(&jg, "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"path\": \"x\", \"n\": 3}}\n</tool_call>"), "{jg}");
+    assert!(!accepts(
+        &jg,
+        "<tool_call>\n{\"name\": \"other\", \"arguments\": {\"path\": \"x\"}}\n</tool_call>"
+    ));
+}

@@ -14,6 +14,8 @@
 
 pub mod request;
 pub mod response;
+#[cfg(test)]
+mod tests;
 
 use super::error::ApiError;
 use super::reasoning::ReasoningSplitter;

@@ -369,6 +369,11 @@ pub fn take_calls(
     let mut s = CallStream::new(config, id_prefix);
     let mut pieces = s.push(split);
     pieces.extend(s.finish());
+    gather(pieces)
+}
+
+/// The text of `pieces` joined, and their calls.
+pub fn gather(pieces: Vec<Piece>) -> (Split, Vec<ToolCall>) {
     let mut text = Split::default();
     let mut calls = Vec::new();
     for p in pieces {
