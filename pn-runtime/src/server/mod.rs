@@ -1,7 +1,9 @@
 //! `pn serve`: an OpenAI-compatible HTTP server.
 //!
-//! `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream` as server-sent
-//! events), `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Requests run
+//! `POST /v1/chat/completions` (with tool calls, [`tools`]), `POST /v1/completions` (both with
+//! `stream` as server-sent events), the Anthropic Messages API ([`anthropic`]: `POST
+//! /v1/messages`, `POST /v1/messages/count_tokens`), `GET /v1/models`, `GET /health` and `GET
+//! /metrics` (Prometheus text). Requests run
 //! on `parallel` slots, each a thread with its own [`Session`](crate::engine::Session); more
 //! wait in a bounded queue, beyond which the server answers 429 with `Retry-After`. A client
 //! that disconnects cancels its generation before the next token; a request that panics gets
