@@ -24,25 +24,23 @@ const SUPPORTED: &[&str] = &[
     "thinking",
 ];
 
-/// Fields accepted and ignored (`cache_control`: the slots cache prompts by themselves).
+/// Fields accepted and ignored (`cache_control`: the slots cache prompts by themselves;
+/// `context_management`: nothing is cleared from the conversation; `output_config` without a
+/// `format`, e.g. an `effort`, which agent clients send).
 pub const IGNORED: &[&str] = &[
     "metadata",
     "service_tier",
     "cache_control",
+    "context_management",
+    "output_config",
     "inference_geo",
     "speed",
     "user_profile_id",
     "workspace_id",
 ];
 
-/// Fields of features pn does not have: a 400 naming them.
-pub const REJECTED: &[&str] = &[
-    "container",
-    "mcp_servers",
-    "context_management",
-    "output_config",
-    "diagnostics",
-];
+/// Fields of features pn does not have: a 400 naming them (and `output_config.format`).
+pub const REJECTED: &[&str] = &["container", "mcp_servers", "diagnostics"];
 
 /// `POST /v1/messages` (and `count_tokens`, which ignores the generation fields).
 #[derive(Debug, Deserialize)]
@@ -103,6 +101,16 @@ pub fn parse(body: &[u8]) -> Result<MessagesRequest, ApiError> {
                 format!("{k}: Extra inputs are not permitted"),
             ));
         }
+    }
+    if map
+        .get("output_config")
+        .and_then(|o| o.get("format"))
+        .is_some()
+    {
+        return Err(bad(
+            "output_config.format",
+            "output_config.format: structured output is not supported on this endpoint (use /v1/chat/completions with response_format)",
+        ));
     }
     if !map.contains_key("messages") {
         return Err(bad("messages", "messages: Field required"));

@@ -45,6 +45,9 @@ fn fields_tools_and_errors() {
     assert_eq!(e.param.as_deref(), Some("frobnicate"));
     let e = parse(br#"{"messages": [], "container": "c"}"#).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("container"));
+    let e = parse(br#"{"messages": [], "output_config": {"format": {}}}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("output_config.format"));
+    assert!(parse(br#"{"messages": [], "output_config": {"effort": "low"}}"#).is_ok());
     let r = req(json!({"messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(
         r.settings(&Default::default(), false)
