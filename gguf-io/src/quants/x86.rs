@@ -29,7 +29,10 @@ pub(crate) fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<f32> {
             GgmlType::F16 if is_x86_feature_detected!("f16c") => dot_f16(row, x),
             GgmlType::Q4K => dot_q4k_f32(row, x),
             GgmlType::Q8_0 => dot_q8_0_f32(row, x),
-            _ => blockwise_avx2(ty, row, x)?,
+            _ => match super::x86_stock::vec_dot_f32(ty, row, x) {
+                Some(v) => v,
+                None => blockwise_avx2(ty, row, x)?,
+            },
         })
     }
 }
@@ -258,10 +261,10 @@ unsafe fn dot_q6k_q8k(row: &[u8], a: &QuantizedActs) -> f32 {
     hsum(acc) - bias_total
 }
 
-/// The two bits of `qh` at the bottom of each byte, moved to bits 4..5.
+/// The two bits of `qh` at the bottom of each byte (or wider lane), moved to bits 4..5.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn high_bits(qh: __m256i, m2: __m256i) -> __m256i {
+pub(super) unsafe fn high_bits(qh: __m256i, m2: __m256i) -> __m256i {
     _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)
 }
 
