@@ -7,17 +7,34 @@ use crate::error::ModelError;
 use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
-/// Storage types a weight matrix may have (everything the CPU backend can multiply).
+/// Storage types a weight matrix may have: everything the CPU backend can multiply (every
+/// stock type `gguf_io::quants` decodes, and the PN types). The CUDA backend reads a subset and
+/// refuses the others at load, naming tensor and type (`cuda::device_type`).
 pub const MATRIX_TYPES: &[GgmlType] = &[
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
     GgmlType::Pn3t,
     GgmlType::Pn4t,
 ];
@@ -435,5 +452,20 @@ impl<B: Backend> Binder<'_, B> {
             embed: opt_matrix(format!("{p}.nextn.embed_tokens.weight"))?,
             head: opt_matrix(format!("{p}.nextn.shared_head_head.weight"))?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matrices_take_every_decodable_stock_type_and_the_pn_types() {
+        let mut want: Vec<GgmlType> = gguf_io::quants::DECODABLE.to_vec();
+        want.extend([GgmlType::Pn3t, GgmlType::Pn4t]);
+        let mut got = MATRIX_TYPES.to_vec();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
     }
 }
