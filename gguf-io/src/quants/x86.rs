@@ -27,7 +27,6 @@ pub(crate) fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<f32> {
         Some(match ty {
             GgmlType::F32 => dot_f32(row, x),
             GgmlType::F16 if is_x86_feature_detected!("f16c") => dot_f16(row, x),
-            GgmlType::Q4K => dot_q4k_f32(row, x),
             GgmlType::Q8_0 => dot_q8_0_f32(row, x),
             _ => match super::x86_stock::vec_dot_f32(ty, row, x) {
                 Some(v) => v,
@@ -149,32 +148,6 @@ pub(super) unsafe fn q4k_pair_scales(d: f32, dmin: f32, scales: &[u8], c: usize)
         _mm256_set1_ps(d * sc2 as f32),
         _mm256_set1_ps(dmin * m2 as f32),
     ]
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4k_f32(row: &[u8], x: &[f32]) -> f32 {
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let low4 = _mm256_set1_epi32(15);
-    for (b, xb) in row.chunks_exact(Q4K_BYTES).zip(x.chunks_exact(QK_K)) {
-        let d = f16_at(b, 0);
-        let dmin = f16_at(b, 2);
-        let scales = &b[4..16];
-        for c in 0..4 {
-            let [d1, mn1, d2, mn2] = q4k_pair_scales(d, dmin, scales, c);
-            let q = b.as_ptr().add(16 + 32 * c);
-            let xc = xb.as_ptr().add(64 * c);
-            for g in 0..4 {
-                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * g) as *const __m128i));
-                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low4));
-                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-                let wlo = _mm256_fmsub_ps(lo, d1, mn1);
-                let whi = _mm256_fmsub_ps(hi, d2, mn2);
-                acc0 = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(xc.add(8 * g)), acc0);
-                acc1 = _mm256_fmadd_ps(whi, _mm256_loadu_ps(xc.add(32 + 8 * g)), acc1);
-            }
-        }
-    }
-    hsum(_mm256_add_ps(acc0, acc1))
 }
 
 #[target_feature(enable = "avx2,fma")]

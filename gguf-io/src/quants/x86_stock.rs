@@ -1,5 +1,5 @@
-//! AVX2/FMA fused row x f32-activation dot products of Q5_0, Q5_1, Q5_K, Q6_K, IQ4_XS and
-//! IQ3_S: each block's levels are unpacked in registers and multiplied with the activations
+//! AVX2/FMA fused row x f32-activation dot products of Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_XS
+//! and IQ3_S: each block's levels are unpacked in registers and multiplied with the activations
 //! without a decoded buffer. Their scalar reference is `reference::vec_dot_f32` (full decode,
 //! f64 sums); they differ from it only by f32 rounding (FMA, per-block partial sums), tested
 //! within `2e-6 * sum |w x|` in `tests/quants.rs` and `tests/stock_types.rs`.
@@ -12,8 +12,8 @@ use std::arch::x86_64::*;
 use super::fp::f16_at;
 use super::iq_tables::KVALUES_IQ4NL;
 use super::iquants::{iq3s_entry, iq3s_factor, iq4xs_scale, IQ3S_BYTES, IQ4XS_BYTES};
-use super::kquants::{scale_min_k4, Q5K_BYTES, Q6K_BYTES, QK_K};
-use super::x86::high_bits;
+use super::kquants::{Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK_K};
+use super::x86::{high_bits, q4k_pair_scales};
 use crate::types::GgmlType;
 
 /// The fused kernel of `ty`, if there is one.
@@ -24,7 +24,8 @@ pub(crate) unsafe fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<
     Some(match ty {
         GgmlType::Q5_0 => dot_q5_f32::<false>(row, x),
         GgmlType::Q5_1 => dot_q5_f32::<true>(row, x),
-        GgmlType::Q5K => dot_q5k_f32(row, x),
+        GgmlType::Q4K => dot_q45k_f32::<false>(row, x),
+        GgmlType::Q5K => dot_q45k_f32::<true>(row, x),
         GgmlType::Q6K => dot_q6k_f32(row, x),
         GgmlType::Iq4Xs => dot_iq4xs_f32(row, x),
         GgmlType::Iq3S => dot_iq3s_f32(row, x),
@@ -52,6 +53,13 @@ unsafe fn i8x8_ps(p: *const i8) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn u8x8_epi32(p: *const u8) -> __m256i {
     _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+/// Bit `shift` of each i32 lane, as 0 or 16 (`one` = 1 in every lane).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bit_to_16(v: __m256i, shift: __m128i, one: __m256i) -> __m256i {
+    _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(v, shift), one), 4)
 }
 
 /// The 32 bits of `qh` as 32 bytes, byte `j` = `0x10` when bit `j` is set, else 0.
@@ -109,41 +117,39 @@ unsafe fn dot_q5_f32<const AFFINE: bool>(row: &[u8], x: &[f32]) -> f32 {
     hsum(_mm256_add_ps(acc, acc_m))
 }
 
-/// Q5_K: as the Q4_K kernel, with the fifth bit of element `l` of chunk `c` from bits `2c` and
-/// `2c + 1` of `qh[l]`.
+/// Q4_K (`FIVE = false`) and Q5_K (`FIVE`: the fifth bit of element `l` of chunk `c` is bit
+/// `2c` / `2c + 1` of `qh[l]`): `d * sc * q - dmin * m` per 32-element sub-block, formed with
+/// one FMA, times x. The chunk's scale pair is `q4k_pair_scales` (shared with the multi-vector
+/// kernel, so both round alike).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q5k_f32(row: &[u8], x: &[f32]) -> f32 {
+unsafe fn dot_q45k_f32<const FIVE: bool>(row: &[u8], x: &[f32]) -> f32 {
+    let (bytes, qs_off) = if FIVE {
+        (Q5K_BYTES, 48)
+    } else {
+        (Q4K_BYTES, 16)
+    };
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let (low4, one) = (_mm256_set1_epi32(15), _mm256_set1_epi32(1));
-    for (b, xb) in row.chunks_exact(Q5K_BYTES).zip(x.chunks_exact(QK_K)) {
+    for (b, xb) in row.chunks_exact(bytes).zip(x.chunks_exact(QK_K)) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        let scales = &b[4..16];
         for c in 0..4 {
-            let (sc1, m1) = scale_min_k4(2 * c, scales);
-            let (sc2, m2) = scale_min_k4(2 * c + 1, scales);
-            let (d1, mn1) = (
-                _mm256_set1_ps(d * sc1 as f32),
-                _mm256_set1_ps(dmin * m1 as f32),
+            let [d1, mn1, d2, mn2] = q4k_pair_scales(d, dmin, &b[4..16], c);
+            let (sh1, sh2) = (
+                _mm_cvtsi32_si128(2 * c as i32),
+                _mm_cvtsi32_si128(2 * c as i32 + 1),
             );
-            let (d2, mn2) = (
-                _mm256_set1_ps(d * sc2 as f32),
-                _mm256_set1_ps(dmin * m2 as f32),
-            );
-            let sh1 = _mm_cvtsi32_si128(2 * c as i32);
-            let sh2 = _mm_cvtsi32_si128(2 * c as i32 + 1);
-            let q = b.as_ptr().add(48 + 32 * c);
+            let q = b.as_ptr().add(qs_off + 32 * c);
             let xc = xb.as_ptr().add(64 * c);
             for g in 0..4 {
-                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * g) as *const __m128i));
-                let h = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    b.as_ptr().add(16 + 8 * g) as *const __m128i
-                ));
-                let h1 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh1), one), 4);
-                let h2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, sh2), one), 4);
-                let lo = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(v, low4), h1));
-                let hi = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(v, 4), h2));
-                let wlo = _mm256_fmsub_ps(lo, d1, mn1);
-                let whi = _mm256_fmsub_ps(hi, d2, mn2);
+                let v = u8x8_epi32(q.add(8 * g));
+                let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_srli_epi32(v, 4));
+                if FIVE {
+                    let h = u8x8_epi32(b.as_ptr().add(16 + 8 * g));
+                    lo = _mm256_or_si256(lo, bit_to_16(h, sh1, one));
+                    hi = _mm256_or_si256(hi, bit_to_16(h, sh2, one));
+                }
+                let wlo = _mm256_fmsub_ps(_mm256_cvtepi32_ps(lo), d1, mn1);
+                let whi = _mm256_fmsub_ps(_mm256_cvtepi32_ps(hi), d2, mn2);
                 acc0 = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(xc.add(8 * g)), acc0);
                 acc1 = _mm256_fmadd_ps(whi, _mm256_loadu_ps(xc.add(32 + 8 * g)), acc1);
             }
