@@ -8,36 +8,13 @@ use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
 /// Storage types a weight matrix may have: everything the CPU backend can multiply (every
-/// stock type `gguf_io::quants` decodes, and the PN types). The CUDA backend reads a subset and
+/// stock type `gguf_io::quants` decodes, then the PN types). The CUDA backend reads a subset and
 /// refuses the others at load, naming tensor and type (`cuda::device_type`).
-pub const MATRIX_TYPES: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::Iq4Nl,
-    GgmlType::Iq4Xs,
-    GgmlType::Iq3Xxs,
-    GgmlType::Iq3S,
-    GgmlType::Iq2Xxs,
-    GgmlType::Iq2Xs,
-    GgmlType::Iq2S,
-    GgmlType::Iq1S,
-    GgmlType::Iq1M,
-    GgmlType::Tq1_0,
-    GgmlType::Tq2_0,
-    GgmlType::Pn3t,
-    GgmlType::Pn4t,
-];
+pub fn matrix_types() -> Vec<GgmlType> {
+    let mut v = gguf_io::quants::DECODABLE.to_vec();
+    v.extend([GgmlType::Pn3t, GgmlType::Pn4t]);
+    v
+}
 
 /// Storage types a vector (norm weight, `ssm_a`, conv kernel...) may have; converted to f32.
 pub const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
@@ -286,7 +263,7 @@ impl<B: Backend> Binder<'_, B> {
     /// A matrix with `ne = [cols, rows]`.
     fn matrix(&self, name: &str, cols: u64, rows: u64) -> Result<Matrix<B>, ModelError> {
         let t = self.view(name, &[cols, rows])?;
-        Self::check_type(name, t.ty, MATRIX_TYPES)?;
+        Self::check_type(name, t.ty, &matrix_types())?;
         let row_bytes =
             t.ty.row_bytes(cols)
                 .ok_or_else(|| ModelError::BadTensorData {
@@ -460,12 +437,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn matrices_take_every_decodable_stock_type_and_the_pn_types() {
-        let mut want: Vec<GgmlType> = gguf_io::quants::DECODABLE.to_vec();
-        want.extend([GgmlType::Pn3t, GgmlType::Pn4t]);
-        let mut got = MATRIX_TYPES.to_vec();
-        want.sort();
-        got.sort();
-        assert_eq!(got, want);
+    fn matrices_take_the_stock_types_llama_cpp_writes_and_the_pn_types() {
+        use GgmlType::*;
+        let m = matrix_types();
+        for ty in [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, Iq4Nl, Iq4Xs,
+            Iq3Xxs, Iq3S, Iq2Xxs, Iq2Xs, Iq2S, Iq1S, Iq1M, Tq1_0, Tq2_0, Pn3t, Pn4t,
+        ] {
+            assert!(m.contains(&ty), "{ty}");
+        }
+        for ty in [Mxfp4, Nvfp4, Q8K, Q8_1, I8, F64] {
+            assert!(!m.contains(&ty), "{ty}");
+        }
     }
 }

@@ -52,8 +52,9 @@ pub(crate) fn vec_dot_q(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> Option<f
     }
 }
 
+/// The sum of the 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

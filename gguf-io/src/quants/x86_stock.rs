@@ -13,7 +13,7 @@ use super::fp::f16_at;
 use super::iq_tables::KVALUES_IQ4NL;
 use super::iquants::{iq3s_entry, iq3s_factor, iq4xs_scale, IQ3S_BYTES, IQ4XS_BYTES};
 use super::kquants::{Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, QK_K};
-use super::x86::{high_bits, q4k_pair_scales};
+use super::x86::{high_bits, hsum, q4k_pair_scales};
 use crate::types::GgmlType;
 
 /// The fused kernel of `ty`, if there is one.
@@ -31,14 +31,6 @@ pub(crate) unsafe fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<
         GgmlType::Iq3S => dot_iq3s_f32(row, x),
         _ => return None,
     })
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// Eight signed bytes at `p`, widened to f32.

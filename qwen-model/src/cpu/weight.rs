@@ -56,9 +56,8 @@ impl CpuWeight {
             GgmlType::Pn4t => RowKind::Pn(PnType::Pn4t),
             ty if gguf_io::quants::DECODABLE.contains(&ty) => RowKind::Stock(ty),
             other => {
-                let allowed: Vec<&str> = gguf_io::quants::DECODABLE
+                let allowed: Vec<&str> = crate::weights::matrix_types()
                     .iter()
-                    .chain(&[GgmlType::Pn3t, GgmlType::Pn4t])
                     .map(|t| t.name())
                     .collect();
                 return Err(ModelError::BadType {
