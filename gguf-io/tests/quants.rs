@@ -7,7 +7,7 @@ use gguf_io::quants::{
 };
 use gguf_io::GgmlType;
 use half::f16;
-use pn_tests::ggml::{abs_dot, random_row, scale_fields};
+use pn_tests::ggml::{abs_dot, random_row, scale_fields, set_iq1m_scale};
 use pn_tests::random_vec;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -57,6 +57,9 @@ fn adversarial_blocks_decode_consistently() {
                     for &off in scale_fields(ty) {
                         let o = blk * ty.type_size() + off;
                         b[o..o + 2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                    }
+                    if ty == GgmlType::Iq1M {
+                        set_iq1m_scale(&mut b[blk * ty.type_size()..], d);
                     }
                 }
                 let x = random_vec(&mut rng, 4 * ty.block_size(), 2.0);

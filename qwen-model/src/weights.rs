@@ -7,20 +7,14 @@ use crate::error::ModelError;
 use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
-/// Storage types a weight matrix may have (everything the CPU backend can multiply).
-pub const MATRIX_TYPES: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::Pn3t,
-    GgmlType::Pn4t,
-];
+/// Storage types a weight matrix may have: everything the CPU backend can multiply (every
+/// stock type `gguf_io::quants` decodes, then the PN types). The CUDA backend reads a subset and
+/// refuses the others at load, naming tensor and type (`cuda::device_type`).
+pub fn matrix_types() -> Vec<GgmlType> {
+    let mut v = gguf_io::quants::DECODABLE.to_vec();
+    v.extend([GgmlType::Pn3t, GgmlType::Pn4t]);
+    v
+}
 
 /// Storage types a vector (norm weight, `ssm_a`, conv kernel...) may have; converted to f32.
 pub const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
@@ -269,7 +263,7 @@ impl<B: Backend> Binder<'_, B> {
     /// A matrix with `ne = [cols, rows]`.
     fn matrix(&self, name: &str, cols: u64, rows: u64) -> Result<Matrix<B>, ModelError> {
         let t = self.view(name, &[cols, rows])?;
-        Self::check_type(name, t.ty, MATRIX_TYPES)?;
+        Self::check_type(name, t.ty, &matrix_types())?;
         let row_bytes =
             t.ty.row_bytes(cols)
                 .ok_or_else(|| ModelError::BadTensorData {
@@ -435,5 +429,25 @@ impl<B: Backend> Binder<'_, B> {
             embed: opt_matrix(format!("{p}.nextn.embed_tokens.weight"))?,
             head: opt_matrix(format!("{p}.nextn.shared_head_head.weight"))?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matrices_take_the_stock_types_llama_cpp_writes_and_the_pn_types() {
+        use GgmlType::*;
+        let m = matrix_types();
+        for ty in [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, Iq4Nl, Iq4Xs,
+            Iq3Xxs, Iq3S, Iq2Xxs, Iq2Xs, Iq2S, Iq1S, Iq1M, Tq1_0, Tq2_0, Pn3t, Pn4t,
+        ] {
+            assert!(m.contains(&ty), "{ty}");
+        }
+        for ty in [Mxfp4, Nvfp4, Q8K, Q8_1, I8, F64] {
+            assert!(!m.contains(&ty), "{ty}");
+        }
     }
 }

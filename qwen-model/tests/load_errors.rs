@@ -85,13 +85,14 @@ fn wrong_shape() {
 
 #[test]
 fn wrong_type() {
-    // Q4_1 is a valid ggml type but not one this model's matrices may use.
+    // MXFP4 is a valid ggml type but not one pn decodes (every type llama.cpp writes for this
+    // family is; Q4_1 was refused here before they were added).
     let err = load_edited(
         |_| {},
         |t| {
             let x = t.iter_mut().find(|x| x.0 == "output.weight").unwrap();
-            x.1 = GgmlType::Q4_1;
-            x.3 = vec![0u8; 2048 * (320 / 32) * 20];
+            x.1 = GgmlType::Mxfp4;
+            x.3 = vec![0u8; 2048 * (320 / 32) * 17];
         },
     )
     .err()
@@ -99,7 +100,12 @@ fn wrong_type() {
     match &err {
         ModelError::BadType { name, found, .. } => {
             assert_eq!(name, "output.weight");
-            assert_eq!(found, "q4_1");
+            assert_eq!(found, "mxfp4");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("output.weight") && msg.contains("mxfp4"),
+                "{msg}"
+            );
         }
         e => panic!("unexpected error {e}"),
     }

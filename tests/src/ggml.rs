@@ -6,15 +6,18 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-/// Byte offsets of the f16 scale fields inside one block of `ty` (empty for float types).
+/// Byte offsets of the f16 scale fields inside one block of `ty` (empty for float types and for
+/// IQ1_M, whose scale is split over four nibbles: see [`set_iq1m_scale`]).
 pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
+        Q4_0 | Q5_0 | Q8_0 | Iq4Nl | Iq4Xs | Iq3Xxs | Iq3S | Iq2Xxs | Iq2Xs | Iq2S | Iq1S => &[0],
         Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
         Q2K => &[80, 82],
         Q3K => &[108],
         Q6K => &[208],
+        Tq1_0 => &[52],
+        Tq2_0 => &[64],
         _ => &[],
     }
 }
@@ -38,11 +41,26 @@ pub fn random_row(ty: GgmlType, n_blocks: usize, scale: f32, rng: &mut StdRng) -
                     let v = f16::from_f32(rng.random_range(-scale..scale)).to_le_bytes();
                     b[off..off + 2].copy_from_slice(&v);
                 }
+                if ty == GgmlType::Iq1M {
+                    set_iq1m_scale(&mut b, rng.random_range(-scale..scale));
+                }
                 row.extend(b);
             }
         }
     }
     row
+}
+
+/// Sets the f16 scale of one IQ1_M block (56 bytes): its bits are the top nibbles of the four
+/// u16 at bytes 48..56, lowest nibble first.
+pub fn set_iq1m_scale(block: &mut [u8], d: f32) {
+    let bits = f16::from_f32(d).to_bits();
+    for i in 0..4 {
+        let o = 48 + 2 * i;
+        let w = u16::from_le_bytes([block[o], block[o + 1]]);
+        let w = (w & 0x0fff) | (((bits >> (4 * i)) & 15) << 12);
+        block[o..o + 2].copy_from_slice(&w.to_le_bytes());
+    }
 }
 
 /// `sum |w x|` of the decoded row `w` (plus 1e-30, never zero): the scale of the rounding error

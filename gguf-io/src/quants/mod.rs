@@ -1,19 +1,24 @@
 //! Decoding, dot products and reference quantization of the stock ggml types.
 //!
 //! * [`dequantize_row`]: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-//!   Q6_K, bit-identical to ggml's reference decoders.
+//!   Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0,
+//!   bit-identical to ggml's and gguf-py's reference decoders.
 //! * [`vec_dot_f32`]: one weight row times f32 activations, AVX2/FMA when the CPU has it (fused
-//!   kernels for Q4_K, Q6_K, Q8_0, F32, F16; other types decode a block at a time).
+//!   kernels for Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0, IQ4_XS, IQ3_S, F32, F16; other types
+//!   decode a block at a time).
 //!   [`reference::vec_dot_f32`] is the scalar reference it is tested against.
 //! * [`vec_dot_f32_multi`]: one weight row times several activation vectors, each block decoded
 //!   once (AVX2 when the CPU has it); tested against [`reference::vec_dot_f32_multi`].
 //! * [`quantize_activations`] + [`vec_dot_q`]: the int8-activation path (Q8_K for K-quants,
 //!   Q8_0 for Q4_0/Q8_0), as ggml's CPU backend does it.
-//! * [`quantize_row`]: F32, F16, BF16, Q8_0, Q3_K, Q4_K, Q6_K.
+//! * [`quantize_row`]: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q6_K.
 //!
 //! The PN types are decoded by `pn-format`; here they are `QuantError::Unsupported`.
 
 mod fp;
+mod iq1_grid;
+mod iq_tables;
+mod iquants;
 mod kquantize;
 mod kquants;
 mod legacy;
@@ -23,6 +28,8 @@ mod q8;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
+#[cfg(target_arch = "x86_64")]
+mod x86_stock;
 
 pub use multi::vec_dot_f32_multi;
 pub use q8::{quantize_activations, vec_dot_q, ActFormat, QuantizedActs};
@@ -90,6 +97,17 @@ pub const DECODABLE: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
 ];
 
 /// The types [`quantize_row`] accepts.
@@ -97,6 +115,10 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q3K,
     GgmlType::Q4K,
@@ -120,6 +142,17 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         GgmlType::Q4K => kquants::dequantize_q4_k,
         GgmlType::Q5K => kquants::dequantize_q5_k,
         GgmlType::Q6K => kquants::dequantize_q6_k,
+        GgmlType::Iq4Nl => iquants::dequantize_iq4_nl,
+        GgmlType::Iq4Xs => iquants::dequantize_iq4_xs,
+        GgmlType::Iq3Xxs => iquants::dequantize_iq3_xxs,
+        GgmlType::Iq3S => iquants::dequantize_iq3_s,
+        GgmlType::Iq2Xxs => iquants::dequantize_iq2_xxs,
+        GgmlType::Iq2Xs => iquants::dequantize_iq2_xs,
+        GgmlType::Iq2S => iquants::dequantize_iq2_s,
+        GgmlType::Iq1S => iquants::dequantize_iq1_s,
+        GgmlType::Iq1M => iquants::dequantize_iq1_m,
+        GgmlType::Tq1_0 => iquants::dequantize_tq1_0,
+        GgmlType::Tq2_0 => iquants::dequantize_tq2_0,
         _ => return None,
     })
 }
@@ -221,6 +254,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), 
         GgmlType::F32 => fp::quantize_f32(src, dst),
         GgmlType::F16 => fp::quantize_f16(src, dst),
         GgmlType::BF16 => fp::quantize_bf16(src, dst),
+        GgmlType::Q4_0 => legacy::quantize_symmetric(4, src, dst),
+        GgmlType::Q5_0 => legacy::quantize_symmetric(5, src, dst),
+        GgmlType::Q4_1 => legacy::quantize_affine(4, src, dst),
+        GgmlType::Q5_1 => legacy::quantize_affine(5, src, dst),
         GgmlType::Q8_0 => legacy::quantize_q8_0(src, dst),
         GgmlType::Q3K => kquantize::quantize_q3_k(src, dst),
         GgmlType::Q4K => kquantize::quantize_q4_k(src, dst),

@@ -27,9 +27,11 @@ pub(crate) fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<f32> {
         Some(match ty {
             GgmlType::F32 => dot_f32(row, x),
             GgmlType::F16 if is_x86_feature_detected!("f16c") => dot_f16(row, x),
-            GgmlType::Q4K => dot_q4k_f32(row, x),
             GgmlType::Q8_0 => dot_q8_0_f32(row, x),
-            _ => blockwise_avx2(ty, row, x)?,
+            _ => match super::x86_stock::vec_dot_f32(ty, row, x) {
+                Some(v) => v,
+                None => blockwise_avx2(ty, row, x)?,
+            },
         })
     }
 }
@@ -50,8 +52,9 @@ pub(crate) fn vec_dot_q(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> Option<f
     }
 }
 
+/// The sum of the 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -149,32 +152,6 @@ pub(super) unsafe fn q4k_pair_scales(d: f32, dmin: f32, scales: &[u8], c: usize)
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4k_f32(row: &[u8], x: &[f32]) -> f32 {
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let low4 = _mm256_set1_epi32(15);
-    for (b, xb) in row.chunks_exact(Q4K_BYTES).zip(x.chunks_exact(QK_K)) {
-        let d = f16_at(b, 0);
-        let dmin = f16_at(b, 2);
-        let scales = &b[4..16];
-        for c in 0..4 {
-            let [d1, mn1, d2, mn2] = q4k_pair_scales(d, dmin, scales, c);
-            let q = b.as_ptr().add(16 + 32 * c);
-            let xc = xb.as_ptr().add(64 * c);
-            for g in 0..4 {
-                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * g) as *const __m128i));
-                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low4));
-                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-                let wlo = _mm256_fmsub_ps(lo, d1, mn1);
-                let whi = _mm256_fmsub_ps(hi, d2, mn2);
-                acc0 = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(xc.add(8 * g)), acc0);
-                acc1 = _mm256_fmadd_ps(whi, _mm256_loadu_ps(xc.add(32 + 8 * g)), acc1);
-            }
-        }
-    }
-    hsum(_mm256_add_ps(acc0, acc1))
-}
-
-#[target_feature(enable = "avx2,fma")]
 unsafe fn dot_q4k_q8k(row: &[u8], a: &QuantizedActs) -> f32 {
     let m4 = _mm256_set1_epi8(15);
     let mut acc = _mm256_setzero_ps();
@@ -258,10 +235,10 @@ unsafe fn dot_q6k_q8k(row: &[u8], a: &QuantizedActs) -> f32 {
     hsum(acc) - bias_total
 }
 
-/// The two bits of `qh` at the bottom of each byte, moved to bits 4..5.
+/// The two bits of `qh` at the bottom of each byte (or wider lane), moved to bits 4..5.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn high_bits(qh: __m256i, m2: __m256i) -> __m256i {
+pub(super) unsafe fn high_bits(qh: __m256i, m2: __m256i) -> __m256i {
     _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)
 }
 

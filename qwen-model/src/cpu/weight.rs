@@ -54,22 +54,17 @@ impl CpuWeight {
         let kind = match src.ty {
             GgmlType::Pn3t => RowKind::Pn(PnType::Pn3t),
             GgmlType::Pn4t => RowKind::Pn(PnType::Pn4t),
-            GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q3K
-            | GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K => RowKind::Stock(src.ty),
+            ty if gguf_io::quants::DECODABLE.contains(&ty) => RowKind::Stock(ty),
             other => {
+                let allowed: Vec<&str> = crate::weights::matrix_types()
+                    .iter()
+                    .map(|t| t.name())
+                    .collect();
                 return Err(ModelError::BadType {
                     name: src.name.into(),
                     found: other.name().into(),
-                    allowed: "f32, f16, bf16, q8_0, q4_0, q3_K, q4_K, q5_K, q6_K, pn3t, pn4t"
-                        .into(),
-                })
+                    allowed: allowed.join(", "),
+                });
             }
         };
         let row_bytes =

@@ -22,6 +22,15 @@ pub fn device_type(ty: GgmlType) -> Option<WeightType> {
     })
 }
 
+/// The load-time error of a weight whose type no device kernel reads.
+fn refusal(tensor: &str, ty: GgmlType) -> CudaError {
+    CudaError::MissingKernel {
+        tensor: tensor.into(),
+        op: "any matrix op",
+        ty: ty.name().into(),
+    }
+}
+
 /// A weight matrix on the device: the file's bytes, one allocation (256-byte aligned by the
 /// driver, so every row-type alignment the kernels check holds).
 pub struct CudaWeight {
@@ -67,11 +76,7 @@ impl CudaWeight {
 impl CudaBackend {
     /// Uploads one weight in its stored format after checking its size.
     pub(super) fn try_load_weight(&self, src: &WeightSource<'_>) -> Result<CudaWeight, ModelError> {
-        let ty = device_type(src.ty).ok_or_else(|| CudaError::MissingKernel {
-            tensor: src.name.into(),
-            op: "any matrix op",
-            ty: src.ty.name().into(),
-        })?;
+        let ty = device_type(src.ty).ok_or_else(|| refusal(src.name, src.ty))?;
         let row_bytes = ty
             .row_bytes(src.cols)
             .ok_or_else(|| ModelError::BadTensorData {
@@ -222,5 +227,39 @@ impl CudaBackend {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU reads every stock type `gguf_io::quants` decodes; the device only its kernels'
+    /// types. Every other one is refused at load with tensor and type in the message (README,
+    /// "Tensor types").
+    #[test]
+    fn types_without_a_kernel_are_refused_by_name() {
+        let on_device = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q3K,
+            GgmlType::Pn3t,
+            GgmlType::Pn4t,
+        ];
+        for &ty in GgmlType::ALL {
+            assert_eq!(device_type(ty).is_some(), on_device.contains(&ty), "{ty}");
+        }
+        for &ty in gguf_io::quants::DECODABLE {
+            if on_device.contains(&ty) {
+                continue;
+            }
+            let msg = ModelError::from(refusal("blk.0.ffn_up.weight", ty)).to_string();
+            assert!(
+                msg.contains("blk.0.ffn_up.weight") && msg.contains(ty.name()),
+                "{ty}: {msg}"
+            );
+        }
     }
 }
