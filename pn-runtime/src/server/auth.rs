@@ -1,4 +1,4 @@
-//! `--api-key`: every route but `/health` needs `Authorization: Bearer KEY`, compared in
+//! `--api-key`: every route but `/health` and the chat page's (`/`, `/webui/*`) needs `Authorization: Bearer KEY`, compared in
 //! constant time so the response time does not reveal how much of a guess was right.
 
 use super::error::ApiError;
@@ -43,7 +43,11 @@ pub async fn require_key(
     next: Next,
 ) -> Response {
     match key.as_deref() {
-        Some(k) if request.uri().path() != "/health" && !authorized(request.headers(), k) => {
+        Some(k)
+            if request.uri().path() != "/health"
+                && !super::webui::is_public(request.uri().path())
+                && !authorized(request.headers(), k) =>
+        {
             ApiError::unauthorized().into_response()
         }
         _ => next.run(request).await,

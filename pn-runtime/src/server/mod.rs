@@ -21,12 +21,15 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod logprobs;
 pub mod metrics;
 pub mod reasoning;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
 pub mod structured;
+pub mod thinking;
+pub mod webui;
 
 use crate::engine::{Engine, EngineError};
 use std::io::Write;

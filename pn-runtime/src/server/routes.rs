@@ -89,6 +89,9 @@ pub fn router(state: Shared, api_key: Option<String>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/", get(super::webui::index))
+        .route("/webui/app.js", get(super::webui::app_js))
+        .route("/webui/style.css", get(super::webui::style_css))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -243,9 +246,18 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
         .await?;
         // Constrained output is all content: the grammar starts at the first token, so a
         // thinking block the prompt opens is not expected to close.
-        let endpoint = Endpoint::Chat {
-            thinking: settings.params.constraint.is_none() && prompt_opens_thinking(&text),
-        };
+        let thinking = settings.params.constraint.is_none() && prompt_opens_thinking(&text);
+        let endpoint = Endpoint::Chat { thinking };
+        let budget = super::thinking::budget(
+            req.reasoning_effort.as_deref(),
+            req.thinking_budget_tokens,
+            settings.max_tokens,
+        )?;
+        settings.thinking = super::thinking::ThinkingControl::for_tokenizer(
+            st.engine.tokenizer(),
+            thinking,
+            budget,
+        );
         start(&st, tokens, settings, endpoint, arrival, "messages").await
     }
     .await;
@@ -333,6 +345,8 @@ async fn start(
         },
         cancel: cancel.clone(),
         events: tx,
+        logprobs: settings.logprobs,
+        thinking: settings.thinking.clone(),
     };
     st.scheduler.submit(job)?;
     let guard = CancelOnDrop(cancel);

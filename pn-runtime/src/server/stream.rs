@@ -5,6 +5,7 @@ use super::api::{
     ChatChoice, ChatCompletion, Delta, GenSettings, TextChoice, TextCompletion, Usage, FINGERPRINT,
 };
 use super::error::ApiError;
+use super::logprobs::LogprobQueue;
 use super::metrics::Metrics;
 use super::reasoning::{ReasoningSplitter, Split};
 use super::scheduler::Event;
@@ -122,9 +123,11 @@ impl Reply {
         let mut split = Split::default();
         let mut processed = self.prompt_tokens;
         let mut first = true;
+        let mut lps = LogprobQueue::new(self.settings.logprobs.is_some());
         while let Some(event) = rx.recv().await {
             match event {
                 Event::Started { processed: p } => processed = p,
+                Event::Logprob(t) => lps.push(t),
                 Event::Text(t) => {
                     if first {
                         first = false;
@@ -145,6 +148,7 @@ impl Reply {
                     }
                     let usage = Usage::new(self.prompt_tokens, processed, timings.generated_tokens);
                     let reason = Some(finish_reason(&finish));
+                    let reasoning = timings.reasoning_tokens;
                     return match self.endpoint {
                         Endpoint::Chat { .. } => {
                             let message = Delta {
@@ -157,11 +161,13 @@ impl Reply {
                             c.object = "chat.completion";
                             c.choices[0].delta = None;
                             c.choices[0].message = Some(message);
-                            c.usage = Some(usage);
+                            c.choices[0].logprobs = lps.chat(true);
+                            c.usage = Some(usage.with_reasoning(reasoning));
                             axum::Json(c).into_response()
                         }
                         Endpoint::Completion => {
                             let mut c = self.text_chunk(split.content, reason);
+                            c.choices[0].logprobs = lps.text(true);
                             c.usage = Some(usage);
                             axum::Json(c).into_response()
                         }
@@ -181,6 +187,7 @@ impl Reply {
             },
             processed: self.prompt_tokens,
             first_token: true,
+            lps: LogprobQueue::new(self.settings.logprobs.is_some()),
             out: VecDeque::new(),
             finished: false,
             rx,
@@ -231,6 +238,8 @@ struct StreamState {
     splitter: Option<ReasoningSplitter>,
     processed: usize,
     first_token: bool,
+    /// Log probabilities for the next chunk.
+    lps: LogprobQueue,
     /// SSE payloads ready to send.
     out: VecDeque<String>,
     finished: bool,
@@ -261,11 +270,13 @@ impl StreamState {
                     content: (!split.content.is_empty()).then_some(split.content),
                     reasoning_content: (!split.reasoning.is_empty()).then_some(split.reasoning),
                 });
-                let c = self.reply.chat_chunk(delta, finish);
+                let mut c = self.reply.chat_chunk(delta, finish);
+                c.choices[0].logprobs = self.lps.chat(false);
                 self.push_json(&c);
             }
             Endpoint::Completion => {
-                let c = self.reply.text_chunk(split.content, finish);
+                let mut c = self.reply.text_chunk(split.content, finish);
+                c.choices[0].logprobs = self.lps.text(false);
                 self.push_json(&c);
             }
         }
@@ -274,6 +285,7 @@ impl StreamState {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Started { processed } => self.processed = processed,
+            Event::Logprob(t) => self.lps.push(t),
             Event::Text(t) => {
                 if self.first_token {
                     self.first_token = false;
@@ -312,7 +324,8 @@ impl StreamState {
                 match self.reply.endpoint {
                     Endpoint::Chat { .. } => {
                         let mut c = self.reply.chat_chunk(None, reason);
-                        c.usage = Some(usage);
+                        c.choices[0].logprobs = self.lps.chat(false);
+                        c.usage = Some(usage.with_reasoning(timings.reasoning_tokens));
                         self.push_json(&c);
                         if self.reply.settings.include_usage {
                             c.choices.clear();
@@ -321,6 +334,7 @@ impl StreamState {
                     }
                     Endpoint::Completion => {
                         let mut c = self.reply.text_chunk(String::new(), reason);
+                        c.choices[0].logprobs = self.lps.text(false);
                         c.usage = Some(usage);
                         self.push_json(&c);
                         if self.reply.settings.include_usage {
