@@ -29,6 +29,15 @@ class Browser:
     """One headless Chromium with one page, spoken to over its DevTools websocket."""
 
     def __init__(self):
+        self.ws = None
+        try:
+            self._start()
+        except BaseException:
+            # A browser that started but could not be driven must not outlive the test.
+            self.close()
+            raise
+
+    def _start(self):
         import websocket
 
         self.profile = tempfile.mkdtemp(prefix="pn-webui-")
@@ -52,7 +61,6 @@ class Browser:
         deadline = time.time() + 30
         while not (os.path.exists(port_file) and open(port_file).read().strip()):
             if time.time() > deadline or self.proc.poll() is not None:
-                self.close()
                 pytest.fail("chromium did not open its DevTools port")
             time.sleep(0.1)
         port = int(open(port_file).read().split()[0])
@@ -88,14 +96,18 @@ class Browser:
         raise AssertionError(f"timed out waiting for {what}; page: {self.eval('document.body.innerText')!r}")
 
     def close(self):
-        if getattr(self, "ws", None):
+        if self.ws is not None:
             self.ws.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        shutil.rmtree(self.profile, ignore_errors=True)
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if getattr(self, "profile", None):
+            shutil.rmtree(self.profile, ignore_errors=True)
 
 
 @pytest.fixture
