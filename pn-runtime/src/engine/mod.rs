@@ -31,8 +31,8 @@ pub use options::{
 };
 pub use prompt_cache::checkpoint_bytes;
 pub use session::{
-    CancelToken, FinishReason, Generation, ProgressFn, Prompt, Session, StopConditions, Timings,
-    TokenEvent,
+    CancelToken, FinishReason, Generation, ProgressFn, Prompt, Session, StopConditions,
+    ThinkingControl, Timings, TokenEvent,
 };
 
 use crate::chat_template::{ChatMessage, ChatPrompt, ChatTemplate, TemplateContext};

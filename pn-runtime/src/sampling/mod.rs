@@ -6,10 +6,12 @@
 //! [`StopStrings`] cuts streamed text exactly at a stop string; [`StopTokens`] holds the ids
 //! that end a generation.
 
+pub mod logprobs;
 mod rng;
 mod sampler;
 mod stop;
 
+pub use logprobs::{LogprobRecorder, TokenLogprob};
 pub use rng::SplitMix64;
 pub use sampler::{argmax, Sampler, SamplingParams, TokenDist, TokenMask};
 pub use stop::{StopChunk, StopStrings, StopTokens};

@@ -1,5 +1,6 @@
 //! The token sampler.
 
+use super::logprobs::{LogprobRecorder, TokenLogprob};
 use super::rng::SplitMix64;
 use crate::constrain::Constraint;
 use std::collections::HashMap;
@@ -129,6 +130,9 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     /// Reused candidate buffer: (id, logit).
     cand: Vec<(u32, f32)>,
+    /// Records each row's log-softmax when log probabilities are asked for (`None`: nothing
+    /// is computed, so generations that do not ask pay nothing).
+    logprobs: Option<Box<LogprobRecorder>>,
 }
 
 impl Sampler {
@@ -141,6 +145,29 @@ impl Sampler {
             mask,
             rng,
             cand: Vec::new(),
+            logprobs: None,
+        }
+    }
+
+    /// Records the log probabilities of every row sampled from from now on, with the `top_n`
+    /// most likely alternatives (`None`: off). See [`super::logprobs`] for what is reported.
+    pub fn set_logprobs(&mut self, top_n: Option<usize>) {
+        self.logprobs = top_n.map(|n| Box::new(LogprobRecorder::new(n)));
+    }
+
+    /// The log probability of `id` in the last row this sampler chose from (or
+    /// [`observe`](Self::observe)d), once per row; `None` when log probabilities are off.
+    pub fn take_logprob(&mut self, id: u32) -> Option<TokenLogprob> {
+        self.logprobs.as_mut().and_then(|r| r.take(id))
+    }
+
+    /// Records `logits` for [`take_logprob`](Self::take_logprob) without choosing from them:
+    /// for a token that is emitted without sampling (a thinking budget's forced `</think>`).
+    /// Masks `logits` in place; does nothing when log probabilities are off.
+    pub fn observe(&mut self, logits: &mut [f32]) {
+        if let Some(r) = self.logprobs.as_mut() {
+            self.mask.apply(logits);
+            r.record(logits);
         }
     }
 
@@ -245,6 +272,10 @@ impl Sampler {
     /// surviving candidates in `self.cand`.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Filtered {
         self.mask.apply(logits);
+        if let Some(r) = self.logprobs.as_mut() {
+            // The model's distribution: before the grammar, penalties and truncation.
+            r.record(logits);
+        }
         if let Some(c) = self.constraint.as_mut() {
             c.apply(logits);
         }

@@ -52,6 +52,7 @@ const CHAT_FIELDS: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "reasoning_effort",
+    "thinking_budget_tokens",
     "modalities",
 ];
 
@@ -97,9 +98,9 @@ pub struct SamplingFields {
     pub user: Option<String>,
     /// Only empty.
     pub logit_bias: Option<Map<String, Value>>,
-    /// Only false / null (chat) or null / 0 (completions).
+    /// `true` (chat) or a count (completions): [`super::logprobs`].
     pub logprobs: Option<Value>,
-    /// Only null.
+    /// Alternatives per token, 0..=20 (with `logprobs: true`).
     pub top_logprobs: Option<i64>,
     /// Ignored.
     pub metadata: Option<Value>,
@@ -179,8 +180,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Whether more than one call may be returned (default true).
     pub parallel_tool_calls: Option<bool>,
-    /// Passed to the template as a variable.
+    /// Passed to the template as a variable; sets the thinking budget ([`super::thinking`]).
     pub reasoning_effort: Option<String>,
+    /// Most reasoning tokens ([`super::thinking`]).
+    pub thinking_budget_tokens: Option<i64>,
     /// Only `["text"]`.
     pub modalities: Option<Vec<String>>,
 }
@@ -290,6 +293,10 @@ pub struct GenSettings {
     pub stream: bool,
     /// Final usage chunk with empty choices.
     pub include_usage: bool,
+    /// Log probabilities with this many alternatives per token ([`super::logprobs`]).
+    pub logprobs: Option<usize>,
+    /// The thinking block to follow (chat; [`super::thinking`]).
+    pub thinking: Option<crate::engine::ThinkingControl>,
 }
 
 /// What a request gets for the sampling fields it leaves out (`pn serve --temp --top-k
@@ -414,17 +421,6 @@ impl SamplingFields {
                 "'logit_bias' is not supported by this server",
             ));
         }
-        if self
-            .logprobs
-            .as_ref()
-            .is_some_and(|v| !(v.is_null() || *v == Value::Bool(false) || *v == 0))
-            || self.top_logprobs.is_some_and(|n| n > 0)
-        {
-            return Err(ApiError::invalid_param(
-                "logprobs",
-                "log probabilities are not supported by this server",
-            ));
-        }
         let d = &defaults.params;
         let params = SamplingParams {
             temperature: self.temperature.unwrap_or(d.temperature),
@@ -455,6 +451,8 @@ impl SamplingFields {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            logprobs: super::logprobs::requested(self.logprobs.as_ref(), self.top_logprobs)?,
+            thinking: None,
         })
     }
 }
@@ -536,6 +534,9 @@ pub struct Usage {
     pub total_tokens: usize,
     /// How many prompt tokens came from the slot's cache.
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Reasoning tokens of chat completions ([`super::thinking`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<super::thinking::CompletionTokensDetails>,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -556,6 +557,7 @@ impl Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: prompt.saturating_sub(processed),
             },
+            completion_tokens_details: None,
         }
     }
 }
@@ -588,8 +590,8 @@ pub struct ChatChoice {
     /// Increment (`chat.completion.chunk`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<Delta>,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log probabilities, when asked for.
+    pub logprobs: Option<super::logprobs::ChatLogprobs>,
     /// `stop` or `length` on the last chunk / the whole message.
     pub finish_reason: Option<&'static str>,
 }
@@ -625,8 +627,8 @@ pub struct TextChoice {
     pub index: usize,
     /// Generated text (an increment in a stream).
     pub text: String,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log probabilities, when asked for.
+    pub logprobs: Option<super::logprobs::TextLogprobs>,
     /// `stop` or `length` at the end.
     pub finish_reason: Option<&'static str>,
 }

@@ -1,6 +1,6 @@
-//! `--api-key`: every route but `/health` needs `Authorization: Bearer KEY` (or Anthropic's
-//! `x-api-key: KEY`), compared in constant time so the response time does not reveal how much
-//! of a guess was right.
+//! `--api-key`: every route but `/health` and the chat page's (`/`, `/webui/*`) needs
+//! `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`), compared in constant time so
+//! the response time does not reveal how much of a guess was right.
 
 use super::error::ApiError;
 use axum::extract::{Request, State};
@@ -49,7 +49,11 @@ pub async fn require_key(
     next: Next,
 ) -> Response {
     match key.as_deref() {
-        Some(k) if request.uri().path() != "/health" && !authorized(request.headers(), k) => {
+        Some(k)
+            if request.uri().path() != "/health"
+                && !super::webui::is_public(request.uri().path())
+                && !authorized(request.headers(), k) =>
+        {
             if request.uri().path().starts_with("/v1/messages") {
                 super::anthropic::error_response(ApiError::unauthorized())
             } else {

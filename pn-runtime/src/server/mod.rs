@@ -24,6 +24,7 @@ pub mod anthropic;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod logprobs;
 pub mod messages;
 pub mod metrics;
 pub mod reasoning;
@@ -31,7 +32,9 @@ pub mod routes;
 pub mod scheduler;
 pub mod stream;
 pub mod structured;
+pub mod thinking;
 pub mod tools;
+pub mod webui;
 
 use crate::engine::{Engine, EngineError};
 use std::io::Write;

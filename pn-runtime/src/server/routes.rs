@@ -105,6 +105,9 @@ pub fn router(state: Shared, api_key: Option<String>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/", get(super::webui::index))
+        .route("/webui/app.js", get(super::webui::app_js))
+        .route("/webui/style.css", get(super::webui::style_css))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -242,6 +245,11 @@ async fn chat(State(st): State<Shared>, body: Result<Bytes, BytesRejection>) -> 
             template_tools: req.tools.clone(),
             tools,
             kwargs,
+            thinking_budget: super::thinking::budget(
+                req.reasoning_effort.as_deref(),
+                req.thinking_budget_tokens,
+                settings.max_tokens,
+            )?,
             settings,
         };
         let q = queue_chat(&st, job).await?;
@@ -264,6 +272,9 @@ pub(super) struct ChatJob {
     pub tools: Option<ToolConfig>,
     /// Template variables.
     pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Thinking budget in tokens (`None`: unlimited), enforced when the output starts inside a
+    /// thinking block.
+    pub thinking_budget: Option<usize>,
     /// Generation settings (a grammar from the request's extras already set).
     pub settings: GenSettings,
 }
@@ -291,6 +302,7 @@ pub(super) async fn queue_chat(st: &Shared, job: ChatJob) -> Result<Queued, ApiE
         template_tools,
         tools,
         kwargs,
+        thinking_budget,
         mut settings,
     } = job;
     let template_tools = match &tools {
@@ -313,6 +325,11 @@ pub(super) async fn queue_chat(st: &Shared, job: ChatJob) -> Result<Queued, ApiE
         // The grammar lets the thinking block finish first.
         thinking = opens;
     }
+    settings.thinking = super::thinking::ThinkingControl::for_tokenizer(
+        st.engine.tokenizer(),
+        thinking,
+        thinking_budget,
+    );
     let (rx, guard, prompt_tokens) = submit(st, tokens, &mut settings, "messages")?;
     Ok(Queued {
         rx,
@@ -441,6 +458,8 @@ pub(super) fn submit(
         },
         cancel: cancel.clone(),
         events: tx,
+        logprobs: settings.logprobs,
+        thinking: settings.thinking.clone(),
     };
     st.scheduler.submit(job)?;
     Ok((rx, CancelOnDrop(cancel), n))

@@ -28,6 +28,9 @@ pub enum Event {
     },
     /// Generated text (never empty).
     Text(String),
+    /// A generated token's log probability (when the job asks for them), sent before the
+    /// text it adds to (which may come with a later token's `Text`).
+    Logprob(super::logprobs::TokenInfo),
     /// The generation ended.
     Done {
         /// Why.
@@ -50,6 +53,10 @@ pub struct Job {
     pub stop: StopConditions,
     /// Cancels the generation (client gone, shutdown).
     pub cancel: CancelToken,
+    /// Log probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+    /// The thinking block to follow (reasoning count, budget).
+    pub thinking: Option<crate::engine::ThinkingControl>,
     /// Where events go.
     pub events: UnboundedSender<Event>,
 }
@@ -307,6 +314,7 @@ impl Scheduler {
 
 /// Runs one request on a session, sending its events but the last, which it returns.
 fn generate(session: &mut Session, job: &Job, metrics: &Metrics) -> Result<Event, ApiError> {
+    let engine = session.engine().clone();
     let mut generation = session
         .generate_sequence(
             Prompt::Tokens(job.prompt.clone()),
@@ -314,13 +322,23 @@ fn generate(session: &mut Session, job: &Job, metrics: &Metrics) -> Result<Event
             job.stop.clone(),
         )
         .map_err(engine_error)?;
+    if let Some(n) = job.logprobs {
+        generation = generation.with_logprobs(n);
+    }
+    if let Some(t) = &job.thinking {
+        generation = generation.with_thinking(t.clone());
+    }
     let processed = generation.timings().prompt_tokens;
     let _ = job.events.send(Event::Started { processed });
     let mut finish = FinishReason::Cancelled;
-    for event in generation.by_ref() {
+    while let Some(event) = generation.next() {
         let event = event.map_err(engine_error)?;
         if event.token.is_some() {
             metrics.record_token();
+        }
+        if let Some(lp) = generation.take_logprob() {
+            let info = super::logprobs::TokenInfo::new(engine.tokenizer(), &lp);
+            let _ = job.events.send(Event::Logprob(info));
         }
         if !event.text.is_empty() && job.events.send(Event::Text(event.text)).is_err() {
             // Nobody is listening any more: stop before the next token.

@@ -5,6 +5,7 @@ use super::api::{
     ChatChoice, ChatCompletion, Delta, GenSettings, TextChoice, TextCompletion, Usage, FINGERPRINT,
 };
 use super::error::ApiError;
+use super::logprobs::LogprobQueue;
 use super::metrics::Metrics;
 use super::reasoning::{ReasoningSplitter, Split};
 use super::scheduler::Event;
@@ -125,9 +126,11 @@ impl Reply {
         let mut split = Split::default();
         let mut processed = self.prompt_tokens;
         let mut first = true;
+        let mut lps = LogprobQueue::new(self.settings.logprobs.is_some());
         while let Some(event) = rx.recv().await {
             match event {
                 Event::Started { processed: p } => processed = p,
+                Event::Logprob(t) => lps.push(t),
                 Event::Text(t) => {
                     if first {
                         first = false;
@@ -152,6 +155,7 @@ impl Reply {
                         true => finish_reason(&finish),
                         false => "tool_calls",
                     });
+                    let reasoning = timings.reasoning_tokens;
                     return match self.endpoint {
                         Endpoint::Chat { .. } => {
                             let message = Delta {
@@ -168,11 +172,13 @@ impl Reply {
                             c.object = "chat.completion";
                             c.choices[0].delta = None;
                             c.choices[0].message = Some(message);
-                            c.usage = Some(usage);
+                            c.choices[0].logprobs = lps.chat(true);
+                            c.usage = Some(usage.with_reasoning(reasoning));
                             axum::Json(c).into_response()
                         }
                         Endpoint::Completion => {
                             let mut c = self.text_chunk(split.content, reason);
+                            c.choices[0].logprobs = lps.text(true);
                             c.usage = Some(usage);
                             axum::Json(c).into_response()
                         }
@@ -193,6 +199,7 @@ impl Reply {
             calls: self.tools.as_ref().map(|t| CallStream::new(t, "call_")),
             processed: self.prompt_tokens,
             first_token: true,
+            lps: LogprobQueue::new(self.settings.logprobs.is_some()),
             out: VecDeque::new(),
             finished: false,
             rx,
@@ -245,6 +252,8 @@ struct StreamState {
     calls: Option<CallStream>,
     processed: usize,
     first_token: bool,
+    /// Log probabilities for the next chunk.
+    lps: LogprobQueue,
     /// SSE payloads ready to send.
     out: VecDeque<String>,
     finished: bool,
@@ -276,11 +285,13 @@ impl StreamState {
                     reasoning_content: (!split.reasoning.is_empty()).then_some(split.reasoning),
                     tool_calls: None,
                 });
-                let c = self.reply.chat_chunk(delta, finish);
+                let mut c = self.reply.chat_chunk(delta, finish);
+                c.choices[0].logprobs = self.lps.chat(false);
                 self.push_json(&c);
             }
             Endpoint::Completion => {
-                let c = self.reply.text_chunk(split.content, finish);
+                let mut c = self.reply.text_chunk(split.content, finish);
+                c.choices[0].logprobs = self.lps.text(false);
                 self.push_json(&c);
             }
         }
@@ -317,6 +328,7 @@ impl StreamState {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Started { processed } => self.processed = processed,
+            Event::Logprob(t) => self.lps.push(t),
             Event::Text(t) => {
                 if self.first_token {
                     self.first_token = false;
@@ -357,7 +369,8 @@ impl StreamState {
                 match self.reply.endpoint {
                     Endpoint::Chat { .. } => {
                         let mut c = self.reply.chat_chunk(None, reason);
-                        c.usage = Some(usage);
+                        c.choices[0].logprobs = self.lps.chat(false);
+                        c.usage = Some(usage.with_reasoning(timings.reasoning_tokens));
                         self.push_json(&c);
                         if self.reply.settings.include_usage {
                             c.choices.clear();
@@ -366,6 +379,7 @@ impl StreamState {
                     }
                     Endpoint::Completion => {
                         let mut c = self.reply.text_chunk(String::new(), reason);
+                        c.choices[0].logprobs = self.lps.text(false);
                         c.usage = Some(usage);
                         self.push_json(&c);
                         if self.reply.settings.include_usage {

@@ -7,6 +7,11 @@
 //!
 //! A conversation that outgrows the context (`-c`) loses its oldest turns, the system prompt
 //! kept, with a note on stderr, and goes on.
+//!
+//! A turn that fails (a message that cannot fit the context even alone, a generation error) is
+//! reported on stderr and the conversation goes on without it, but the process then exits
+//! non-zero at the end (`error: N of M turns failed`), so scripts that pipe messages into
+//! `pn chat` see the failure. A reply stopped with Ctrl-C is not a failure.
 
 use crate::engine_args::{self, ChatTemplateArgs, ModelArgs, SamplingArgs};
 use pn_runtime::chat_template::ChatMessage;
@@ -74,6 +79,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let stdin = std::io::stdin();
     let mut line = String::new();
     let mut first = args.prompt.clone();
+    let mut turns = TurnCount::default();
     loop {
         line.clear();
         if let Some(p) = first.take() {
@@ -115,7 +121,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
             Err(e) => {
                 messages.pop();
-                eprintln!("error: {e}");
+                turns.failed(&e);
                 continue;
             }
         }
@@ -129,15 +135,41 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let reply = stream_reply(&mut session, &messages, &args, stop, constraint.as_ref());
         generating.store(false, Ordering::SeqCst);
         match reply {
-            Ok(text) => messages.push(ChatMessage::assistant(text)),
+            Ok(text) => {
+                turns.ok += 1;
+                messages.push(ChatMessage::assistant(text));
+            }
             Err(e) => {
                 // Keep the session usable: drop the failed turn.
                 messages.pop();
-                eprintln!("error: {e}");
+                turns.failed(&e);
             }
         }
     }
-    Ok(())
+    turns.result()
+}
+
+/// Turns that got a reply and turns that failed, for the exit status.
+#[derive(Debug, Default)]
+struct TurnCount {
+    ok: usize,
+    failed: usize,
+}
+
+impl TurnCount {
+    /// Reports a failed turn on stderr and counts it.
+    fn failed(&mut self, e: &dyn std::fmt::Display) {
+        eprintln!("error: {e}");
+        self.failed += 1;
+    }
+
+    /// `Ok` when no turn failed; else the error `main` turns into a non-zero exit status.
+    fn result(&self) -> Result<(), Box<dyn std::error::Error>> {
+        if self.failed == 0 {
+            return Ok(());
+        }
+        Err(format!("{} of {} turns failed", self.failed, self.failed + self.ok).into())
+    }
 }
 
 /// Tokens kept free for the reply: `-n` (at most half the context), or a quarter of the
@@ -261,5 +293,14 @@ mod tests {
         assert_eq!(reply_room(64, -1), 16);
         assert_eq!(reply_room(64, 100), 32);
         assert_eq!(reply_room(64, 8), 8);
+    }
+
+    #[test]
+    fn a_failed_turn_makes_the_result_an_error() {
+        let mut t = TurnCount::default();
+        t.ok += 2;
+        assert!(t.result().is_ok());
+        t.failed(&"boom");
+        assert_eq!(t.result().unwrap_err().to_string(), "1 of 3 turns failed");
     }
 }

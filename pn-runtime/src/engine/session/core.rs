@@ -61,6 +61,16 @@ pub(super) trait CoreOps: Send {
         run: &mut SpecRun,
         budget: usize,
     ) -> Result<Option<u32>>;
+    /// Emits `id` as the next token without sampling (a thinking budget's forced tokens):
+    /// processes the pending token, lets `sampler` observe the logits (log probabilities),
+    /// and makes `id` pending. Unemitted tokens of a speculative `run` are dropped. `None`: the
+    /// context is full.
+    fn force_next(
+        &mut self,
+        sampler: &mut Sampler,
+        run: &mut SpecRun,
+        id: u32,
+    ) -> Result<Option<u32>>;
 }
 
 /// What processing a generation's prompt did: tokens processed, tokens reused, time taken.
@@ -526,6 +536,33 @@ where
             return Ok(None);
         }
         let id = sampler.sample(&mut self.logits, &self.fed);
+        self.has_logits = false;
+        self.pending = Some(id);
+        Ok(Some(id))
+    }
+
+    fn force_next(
+        &mut self,
+        sampler: &mut Sampler,
+        run: &mut SpecRun,
+        id: u32,
+    ) -> Result<Option<u32>> {
+        // The state may be ahead of the emitted tokens: `feed` settles it first.
+        run.tokens.clear();
+        run.emitted = 0;
+        if !self.has_logits {
+            if self.pending.is_none() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if self.fed.len() + 1 > self.context() {
+                return Ok(None);
+            }
+            self.feed(&[])?;
+        }
+        if self.fed.len() >= self.context() {
+            return Ok(None);
+        }
+        sampler.observe(&mut self.logits);
         self.has_logits = false;
         self.pending = Some(id);
         Ok(Some(id))

@@ -3,9 +3,10 @@
 
 use super::core::{PromptRun, SpecRun};
 use super::request::{CancelToken, FinishReason, StopConditions, Timings, TokenEvent};
+use super::thinking::{ThinkState, ThinkingControl};
 use super::Session;
 use crate::engine::error::Result;
-use crate::sampling::{Sampler, SamplingParams, StopStrings, StopTokens};
+use crate::sampling::{Sampler, SamplingParams, StopStrings, StopTokens, TokenLogprob};
 use crate::speculative::SpecStats;
 use crate::tokenizer::StreamDecoder;
 use std::time::Instant;
@@ -24,6 +25,12 @@ pub struct Generation<'s> {
     finish: Option<FinishReason>,
     /// The current speculative run (empty until a speculative step).
     run: SpecRun,
+    /// Log probabilities are recorded ([`with_logprobs`](Self::with_logprobs)).
+    logprobs: bool,
+    /// The log probability of the last event's token.
+    last_logprob: Option<TokenLogprob>,
+    /// The thinking block followed ([`with_thinking`](Self::with_thinking)).
+    think: Option<ThinkState>,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -66,11 +73,42 @@ impl<'s> Generation<'s> {
             },
             finish: None,
             run: SpecRun::default(),
+            logprobs: false,
+            last_logprob: None,
+            think: None,
             session: {
                 session.core.reset_spec_stats();
                 session
             },
         }
+    }
+
+    /// Records each generated token's log probability and its `top_n` most likely
+    /// alternatives ([`crate::sampling::logprobs`] says of which distribution), read with
+    /// [`take_logprob`](Self::take_logprob) after each event. Speculative drafting is off for
+    /// such a generation (every token is sampled from a row of its own, whose logits are the
+    /// ones reported), so call it before the first token.
+    pub fn with_logprobs(mut self, top_n: usize) -> Self {
+        self.sampler.set_logprobs(Some(top_n));
+        self.logprobs = true;
+        self
+    }
+
+    /// The log probability of the token of the last event (once; `None` for an end token,
+    /// for events without a token, or without [`with_logprobs`](Self::with_logprobs)).
+    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+        self.last_logprob.take()
+    }
+
+    /// Follows the thinking block `control` describes: its tokens are counted
+    /// ([`Timings::reasoning_tokens`]) and, with a budget, the block is closed by forced
+    /// tokens when the budget runs out ([`ThinkingControl`]). Call it before the first token.
+    /// Ignored for grammar-constrained generations (a forced token would break the grammar).
+    pub fn with_thinking(mut self, control: ThinkingControl) -> Self {
+        if !self.sampler.is_constrained() {
+            self.think = Some(ThinkState::new(control));
+        }
+        self
     }
 
     /// Speculative decoding counters of this generation (`None` when speculation is off).
@@ -83,12 +121,19 @@ impl<'s> Generation<'s> {
     /// would need the grammar's state after the drafts before it, so every token is sampled
     /// (masked) from the verified row of the last emitted one.
     fn next_id(&mut self) -> Result<Option<u32>> {
-        let budget = if self.sampler.is_constrained() {
+        let budget = if self.sampler.is_constrained() || self.logprobs {
             0
         } else {
-            self.max_tokens.map_or(usize::MAX, |m| {
+            let max = self.max_tokens.map_or(usize::MAX, |m| {
                 m.saturating_sub(self.timings.generated_tokens + 1)
-            })
+            });
+            // A step emits at most its drafts + 1 tokens: none past the thinking budget.
+            let think = self
+                .think
+                .as_ref()
+                .and_then(ThinkState::room)
+                .map_or(usize::MAX, |r| r.saturating_sub(1));
+            max.min(think)
         };
         self.session
             .core
@@ -158,13 +203,23 @@ impl<'s> Generation<'s> {
             return Ok(self.end(None, String::new(), FinishReason::MaxTokens));
         }
         let t0 = Instant::now();
-        let Some(id) = self.next_id()? else {
+        let forced = self.think.as_mut().and_then(ThinkState::next_forced);
+        let next = match forced {
+            Some(f) => self
+                .session
+                .core
+                .force_next(&mut self.sampler, &mut self.run, f)?,
+            None => self.next_id()?,
+        };
+        let Some(id) = next else {
             return Ok(self.end(None, String::new(), FinishReason::ContextFull));
         };
         self.timings.generated_tokens += 1;
         self.sampler.advance(id);
+        self.last_logprob = self.sampler.take_logprob(id);
         let grammar_done = self.sampler.constraint().is_some_and(|c| c.is_finished());
         let event = if self.stop_tokens.contains(id) {
+            self.last_logprob = None;
             self.end(Some(id), String::new(), FinishReason::EndOfGeneration)
         } else {
             let piece = self
@@ -172,6 +227,10 @@ impl<'s> Generation<'s> {
                 .engine()
                 .tokenizer()
                 .decode_next(&mut self.decoder, id)?;
+            if let Some(t) = self.think.as_mut() {
+                t.observe(&piece, forced.is_some());
+                self.timings.reasoning_tokens = t.reasoning_tokens();
+            }
             let chunk = self.stop_strings.push(&piece);
             if let Some(stop) = chunk.stop {
                 self.finish = Some(FinishReason::StopString(stop.clone()));

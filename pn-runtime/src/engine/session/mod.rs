@@ -7,11 +7,13 @@
 mod core;
 mod generation;
 mod request;
+mod thinking;
 
 pub use generation::Generation;
 pub use request::{
     CancelToken, FinishReason, ProgressFn, Prompt, StopConditions, Timings, TokenEvent,
 };
+pub use thinking::ThinkingControl;
 
 use self::core::{CoreOps, SessionCore};
 use super::error::Result;

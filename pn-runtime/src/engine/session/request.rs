@@ -148,6 +148,10 @@ pub struct Timings {
     pub generated_tokens: usize,
     /// Time spent generating (forward passes and sampling).
     pub generation_time: Duration,
+    /// Of the generated tokens, those inside the thinking block (counted when the generation
+    /// follows one: [`Generation::with_thinking`](super::Generation::with_thinking); the tags
+    /// and a budget's forced closing tokens are not counted).
+    pub reasoning_tokens: usize,
 }
 
 fn per_sec(n: usize, t: Duration) -> f64 {

@@ -81,6 +81,7 @@ pub async fn messages(State(st): State<Shared>, body: Result<Bytes, BytesRejecti
             template_tools,
             tools,
             kwargs: req.kwargs()?,
+            thinking_budget: req.thinking_budget(),
             settings,
         };
         let q = queue_chat(&st, job).await?;
@@ -196,6 +197,8 @@ impl Gen {
                     self.text(&t);
                 }
                 Event::Failed(e) => return error_response(e),
+                // Log probabilities are not part of the Messages API (never requested here).
+                Event::Logprob(_) => {}
                 Event::Done { finish, timings } => {
                     if finish == FinishReason::Cancelled {
                         return error_response(ApiError::shutting_down());
@@ -251,7 +254,7 @@ impl Gen {
                     st.out.push_back(("ping", json!({"type": "ping"})));
                 }
                 match event {
-                    Some(Event::Started { .. }) => {}
+                    Some(Event::Started { .. } | Event::Logprob(_)) => {}
                     Some(Event::Text(t)) => st.out.extend(st.gen.text(&t)),
                     Some(Event::Done { finish, timings }) => {
                         st.done = true;

@@ -229,6 +229,18 @@ impl MessagesRequest {
         Ok((Some(template), Some(cfg)))
     }
 
+    /// `thinking.budget_tokens` of an enabled thinking block: the engine closes the block itself
+    /// when it runs out (validated by [`MessagesRequest::kwargs`]).
+    pub fn thinking_budget(&self) -> Option<usize> {
+        let t = self.thinking.as_ref()?;
+        if t.get("type").and_then(Value::as_str) != Some("enabled") {
+            return None;
+        }
+        t.get("budget_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|b| usize::try_from(b).ok())
+    }
+
     /// Template variables: `enable_thinking` from `thinking` (off unless enabled, as the
     /// Messages API's default is no thinking).
     pub fn kwargs(&self) -> Result<Map<String, Value>, ApiError> {
