@@ -281,7 +281,7 @@ fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Json>
     let mut h: serde_json::Map<String, Json> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut h);
     let mut hj = Json::Object(h).to_string().into_bytes();
-    while hj.len() % 8 != 0 {
+    while !hj.len().is_multiple_of(8) {
         hj.push(b' ');
     }
     let mut out = (hj.len() as u64).to_le_bytes().to_vec();
@@ -290,18 +290,21 @@ fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Json>
     std::fs::write(path, out).unwrap();
 }
 
+/// A way to damage a checkpoint folder.
+type Damage = Box<dyn Fn(&Path)>;
+
 #[test]
 fn each_kind_of_damaged_checkpoint_has_its_own_error_and_leaves_no_output() {
     let dir = scratch("hostile");
     let good = dir.join("good");
     std::fs::create_dir_all(&good).unwrap();
     write_tiny_checkpoint(&good);
-    let st = "model.safetensors";
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    const ST: &str = "model.safetensors";
+    let cases: Vec<(&str, Damage)> = vec![
         (
             "truncated",
             Box::new(|d: &Path| {
-                let p = d.join(st);
+                let p = d.join(ST);
                 let len = std::fs::metadata(&p).unwrap().len();
                 let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
                 f.set_len(len - 1000).unwrap();
@@ -310,7 +313,7 @@ fn each_kind_of_damaged_checkpoint_has_its_own_error_and_leaves_no_output() {
         (
             "header past end",
             Box::new(|d: &Path| {
-                let p = d.join(st);
+                let p = d.join(ST);
                 let mut b = std::fs::read(&p).unwrap();
                 b[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
                 std::fs::write(&p, b).unwrap();
@@ -319,7 +322,7 @@ fn each_kind_of_damaged_checkpoint_has_its_own_error_and_leaves_no_output() {
         (
             "overlapping offsets",
             Box::new(|d: &Path| {
-                edit_header(&d.join(st), |h| {
+                edit_header(&d.join(ST), |h| {
                     // Point one tensor's range 2 bytes into the one before it (same length).
                     let name = "model.layers.0.linear_attn.A_log";
                     let offs = h[name]["data_offsets"].as_array().unwrap().clone();
@@ -331,7 +334,7 @@ fn each_kind_of_damaged_checkpoint_has_its_own_error_and_leaves_no_output() {
         (
             "unknown dtype",
             Box::new(|d: &Path| {
-                edit_header(&d.join(st), |h| {
+                edit_header(&d.join(ST), |h| {
                     h["model.norm.weight"]["dtype"] = Json::String("F12".into());
                 })
             }),
@@ -339,7 +342,7 @@ fn each_kind_of_damaged_checkpoint_has_its_own_error_and_leaves_no_output() {
         (
             "shape against config",
             Box::new(|d: &Path| {
-                edit_header(&d.join(st), |h| {
+                edit_header(&d.join(ST), |h| {
                     // Same bytes, transposed: [320, 704] where config.json says [704, 320].
                     h["model.layers.0.mlp.up_proj.weight"]["shape"] = serde_json::json!([320, 704]);
                 })

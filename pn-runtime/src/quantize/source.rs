@@ -13,7 +13,7 @@ use std::path::Path;
 #[derive(Debug)]
 pub enum InputModel {
     /// A GGUF file.
-    Gguf(GgufFile),
+    Gguf(Box<GgufFile>),
     /// A checkpoint folder, converted with its own dtype (lossless), tensor by tensor.
     Checkpoint(Box<Checkpoint>),
 }
@@ -31,7 +31,7 @@ impl InputModel {
                 .map_err(|source| QuantizeError::Checkpoint { source });
         }
         GgufFile::open(path)
-            .map(InputModel::Gguf)
+            .map(|f| InputModel::Gguf(Box::new(f)))
             .map_err(|source| QuantizeError::Gguf {
                 path: path.to_path_buf(),
                 source,
