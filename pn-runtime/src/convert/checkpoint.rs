@@ -371,12 +371,27 @@ impl Checkpoint {
     /// Releases the mapped pages of output tensor `i`'s source once it is written, so that the
     /// resident set stays at one tensor however large the checkpoint is.
     pub fn release(&self, i: usize) {
-        let t = &self.tensors[i].source;
+        self.release_rows(i, 0..self.tensors[i].rows);
+    }
+
+    /// Releases the mapped pages of rows `rows` of output tensor `i`'s source, when those rows
+    /// are read in order (no row permutation; a permuted tensor is released whole).
+    pub fn release_rows(&self, i: usize, rows: std::ops::Range<u64>) {
+        let ot = &self.tensors[i];
+        if ot.mapping.reorder.is_some_and(|r| !r.columns) && rows != (0..ot.rows) {
+            return;
+        }
+        let t = &ot.source;
+        let row_bytes = ot.row_len as usize * t.dtype.size();
         let map = &self.shards.shards[t.shard].map;
         let page = 4096;
-        // Whole pages inside the tensor's range only: a page shared with the next tensor stays.
-        let start = t.range.start.div_ceil(page) * page;
-        let end = t.range.end / page * page;
+        let (a, b) = (
+            t.range.start + rows.start as usize * row_bytes,
+            t.range.start + rows.end as usize * row_bytes,
+        );
+        // Whole pages inside the range only: a page shared with a neighbour stays.
+        let start = a.div_ceil(page) * page;
+        let end = b / page * page;
         if end > start {
             // SAFETY: the map is a read-only file mapping; dropping its pages only makes the next
             // access read them from the file again, so no data the program sees changes.

@@ -218,6 +218,9 @@ impl Read for TensorReader<'_> {
             self.buf.clear();
             self.pos = 0;
             self.ck.rows_into(self.i, self.next_row..end, &mut self.buf);
+            // The source rows are copied: drop their pages so a 2.5 GB embedding never sits
+            // in the resident set whole.
+            self.ck.release_rows(self.i, self.next_row..end);
             self.next_row = end;
             (self.progress)(Progress::Advance(self.buf.len() as u64));
         }
