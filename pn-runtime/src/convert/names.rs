@@ -92,31 +92,39 @@ pub fn normalise(name: &str) -> Option<String> {
     })
 }
 
-/// Maps the normalised checkpoint name `name`; `None` if the architecture has no such tensor.
-pub fn map(name: &str, cfg: &Qwen35Config) -> Option<Mapping> {
-    let h = cfg.hidden;
-    let plain = |gguf: &str, shape: Vec<u64>| Mapping {
-        gguf: gguf.to_string(),
+/// A tensor copied as it is, of checkpoint shape `shape`.
+fn plain(gguf: impl Into<String>, shape: Vec<u64>) -> Mapping {
+    Mapping {
+        gguf: gguf.into(),
         op: ValueOp::None,
         reorder: None,
         expected_shape: shape,
         squeeze: false,
         force_f32: false,
-    };
-    let norm = |gguf: String, n: u64| Mapping {
-        gguf,
+    }
+}
+
+/// A zero-centred RMSNorm weight of `n` elements: stored as F32 `1 + w`.
+fn norm(gguf: impl Into<String>, n: u64) -> Mapping {
+    Mapping {
+        gguf: gguf.into(),
         op: ValueOp::PlusOne,
         reorder: None,
         expected_shape: vec![n],
         squeeze: false,
         force_f32: true,
-    };
+    }
+}
+
+/// Maps the normalised checkpoint name `name`; `None` if the architecture has no such tensor.
+pub fn map(name: &str, cfg: &Qwen35Config) -> Option<Mapping> {
+    let h = cfg.hidden;
     match name {
         "model.embed_tokens.weight" => {
             return Some(plain("token_embd.weight", vec![cfg.vocab_size, h]))
         }
         "lm_head.weight" => return Some(plain("output.weight", vec![cfg.vocab_size, h])),
-        "model.norm.weight" => return Some(norm("output_norm.weight".into(), h)),
+        "model.norm.weight" => return Some(norm("output_norm.weight", h)),
         _ => {}
     }
     // MTP tensors: `mtp.layers.J.X` is block `layers + J`; `mtp.{fc, pre_fc_norm_*, norm}` belong
@@ -136,7 +144,7 @@ pub fn map(name: &str, cfg: &Qwen35Config) -> Option<Mapping> {
         }
         return match rest {
             "fc.weight" => Some(plain(
-                &format!("blk.{bid}.nextn.eh_proj.weight"),
+                format!("blk.{bid}.nextn.eh_proj.weight"),
                 vec![h, 2 * h],
             )),
             "pre_fc_norm_embedding.weight" => {
@@ -161,22 +169,6 @@ pub fn map(name: &str, cfg: &Qwen35Config) -> Option<Mapping> {
 fn layer_tensor(bid: u64, tail: &str, cfg: &Qwen35Config, recurrent: bool) -> Option<Mapping> {
     let h = cfg.hidden;
     let b = |s: &str| format!("blk.{bid}.{s}");
-    let plain = |gguf: String, shape: Vec<u64>| Mapping {
-        gguf,
-        op: ValueOp::None,
-        reorder: None,
-        expected_shape: shape,
-        squeeze: false,
-        force_f32: false,
-    };
-    let norm = |gguf: String, n: u64| Mapping {
-        gguf,
-        op: ValueOp::PlusOne,
-        reorder: None,
-        expected_shape: vec![n],
-        squeeze: false,
-        force_f32: true,
-    };
     let common = match tail {
         "input_layernorm.weight" => Some(norm(b("attn_norm.weight"), h)),
         "post_attention_layernorm.weight" => Some(norm(b("post_attention_norm.weight"), h)),

@@ -2,12 +2,11 @@
 //! checkpoint (safetensors shards, config.json, tokenizer files) to the `qwen35` GGUF that
 //! llama.cpp's `convert_hf_to_gguf.py` writes for it.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::convert::{convert_checkpoint, parse_outtype, ConvertOptions};
 use pn_runtime::quantize::Progress;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Arguments of `pn convert`.
 #[derive(clap::Args, Debug)]
@@ -44,37 +43,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // Failing to install the handler only loses the clean-up on ^C.
         let _ = ctrlc::set_handler(move || c.store(true, Ordering::SeqCst));
     }
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
-    };
-    // The same bar as `pn quantize`.
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>10} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {wide_msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    let bar = Mutex::new(bar);
-    let on_progress = |p: Progress<'_>| {
-        let Ok(b) = bar.lock() else { return };
-        match p {
-            Progress::Phase { label, total_bytes } => {
-                b.set_prefix(label.to_string());
-                b.set_length(total_bytes);
-                b.set_position(0);
-                b.reset_eta();
-            }
-            Progress::Tensor { name } => b.set_message(name.to_string()),
-            Progress::Advance(n) => b.inc(n),
-        }
-    };
+    let bar = crate::progress::bar(args.quiet);
+    let on_progress = |p: Progress<'_>| crate::progress::update(&bar, p);
     let result = convert_checkpoint(&opts, &on_progress, &cancel);
-    if let Ok(b) = bar.lock() {
-        b.finish_and_clear();
-    }
+    crate::progress::finish(&bar);
     let s = result?;
     println!(
         "wrote {} ({} tensors, {:?}, {:.1} MiB) in {:.2} s",

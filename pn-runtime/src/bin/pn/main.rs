@@ -16,6 +16,7 @@ mod kl_file;
 mod llama_flags;
 mod logits;
 mod perplexity;
+mod progress;
 mod quantize;
 mod run;
 mod serve;
