@@ -44,6 +44,7 @@ pub use engine::{
 pub use sampling::SamplingParams;
 pub mod chat_template;
 pub mod constrain;
+pub mod convert;
 pub mod quantize;
 pub mod sampling;
 #[cfg(feature = "server")]

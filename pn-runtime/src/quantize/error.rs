@@ -14,6 +14,12 @@ pub enum QuantizeError {
         /// What gguf-io reported.
         source: gguf_io::GgufError,
     },
+    /// The input checkpoint folder cannot be converted.
+    #[error("{source}")]
+    Checkpoint {
+        /// What the converter reported (it names the file and tensor).
+        source: crate::convert::ConvertError,
+    },
     /// The input's `general.architecture` is not `qwen35`.
     #[error("{path}: architecture is {found:?}, expected \"qwen35\" (Qwen3.5/3.6/3.8 hybrid)")]
     NotQwen35 {

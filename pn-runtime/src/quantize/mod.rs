@@ -26,6 +26,7 @@ pub mod output;
 pub mod parallel;
 pub mod plan;
 pub mod rotation;
+pub mod source;
 mod spill;
 pub mod summary;
 
@@ -36,7 +37,7 @@ pub use rotation::RotationChoice;
 pub use summary::{QuantizeSummary, TensorResult};
 
 use codec::ErrStats;
-use gguf_io::{GgmlType, GgufError, GgufFile, GgufWriter, Value};
+use gguf_io::{GgmlType, GgufError, GgufWriter, Value};
 use parallel::{encode_tensor, EncodeJob, InputRows};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -131,11 +132,8 @@ pub fn quantize_model(
     cancel: &AtomicBool,
 ) -> Result<QuantizeSummary, QuantizeError> {
     let t0 = Instant::now();
-    let gguf_err = |e: GgufError| QuantizeError::Gguf {
-        path: opts.input.clone(),
-        source: e,
-    };
-    let file = GgufFile::open(&opts.input).map_err(gguf_err)?;
+    // A GGUF, or a checkpoint folder converted on the fly.
+    let file = source::InputModel::open(&opts.input)?;
     let mut mix = opts.mix.clone();
     if let Some(n) = opts.promote {
         mix.promote = n;
@@ -306,7 +304,7 @@ pub fn quantize_model(
 /// What every encoding pass over the input file shares: the file, the worker threads, the
 /// progress callback and the cancel flag.
 struct Pass<'a> {
-    file: &'a GgufFile,
+    file: &'a source::InputModel,
     threads: usize,
     progress: &'a (dyn Fn(Progress<'_>) + Sync),
     cancel: &'a AtomicBool,
@@ -327,10 +325,12 @@ fn encode_one(
         progress,
         cancel,
     } = *pass;
-    let view = file.tensor(t.name()).map_err(|e| QuantizeError::Codec {
-        tensor: t.name().to_string(),
-        msg: e.to_string(),
-    })?;
+    let bytes = file
+        .tensor_bytes(t.name())
+        .map_err(|e| QuantizeError::Codec {
+            tensor: t.name().to_string(),
+            msg: e.to_string(),
+        })?;
     let row_bytes = t
         .in_ty
         .row_bytes(t.encoder.k as u64)
@@ -340,7 +340,7 @@ fn encode_one(
             why: format!("not a whole number of {} blocks", t.in_ty.name()),
         })? as usize;
     let input = InputRows {
-        bytes: view.bytes,
+        bytes: &bytes,
         ty: t.in_ty,
         row_bytes,
         rows: t.rows as usize,

@@ -6,7 +6,8 @@ use super::error::QuantizeError;
 use super::fallback::{FallbackChoice, FallbackPolicy};
 use super::mix::{classify, Mix, Role, Target};
 use super::rotation::{self, RotationChoice};
-use gguf_io::{GgmlType, GgufFile};
+use super::source::InputModel;
+use gguf_io::GgmlType;
 use std::path::Path;
 
 /// One input tensor and what will be written for it.
@@ -71,7 +72,7 @@ pub struct ModelPlan {
 }
 
 /// Reads `general.architecture` and the hidden size, failing for anything but `qwen35`.
-pub fn check_arch(file: &GgufFile, path: &Path) -> Result<u64, QuantizeError> {
+pub fn check_arch(file: &InputModel, path: &Path) -> Result<u64, QuantizeError> {
     let arch = file
         .get_str("general.architecture")
         .map_err(|e| QuantizeError::NotQwen35 {
@@ -93,7 +94,7 @@ pub fn check_arch(file: &GgufFile, path: &Path) -> Result<u64, QuantizeError> {
 
 /// Builds the plan (before promotion) of every tensor.
 pub fn make_plan(
-    file: &GgufFile,
+    file: &InputModel,
     path: &Path,
     mix: &Mix,
     rotation: RotationChoice,

@@ -5,6 +5,7 @@
 
 mod bench;
 mod chat;
+mod convert;
 mod demo;
 mod engine_args;
 mod eval_kl;
@@ -15,6 +16,7 @@ mod kl_file;
 mod llama_flags;
 mod logits;
 mod perplexity;
+mod progress;
 mod quantize;
 mod run;
 mod serve;
@@ -54,6 +56,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Quantize an F32/F16/BF16/Q8_0 qwen35 GGUF to a PN model (mix P0k+19, Hadamard-rotated).
     Quantize(quantize::Args),
+    /// Convert a Hugging Face Qwen3.5 checkpoint folder to a qwen35 GGUF (as llama.cpp's converter).
+    Convert(convert::Args),
     /// Compare a quantized model with its base: mean/p99 KL, top-1 agreement, perplexity.
     EvalKl(eval_kl::Args),
     /// Print the token ids of a text as a JSON array.
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Convert(args) => convert::run(args),
         Command::EvalKl(args) => eval_kl::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Template(args) => template::run(args),
