@@ -2,8 +2,9 @@
 //!
 //! `POST /v1/chat/completions`, `POST /v1/completions` (both with `stream` as server-sent
 //! events), `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Requests run
-//! on `parallel` slots, each a thread with its own [`Session`](crate::engine::Session); more
-//! wait in a bounded queue, beyond which the server answers 429 with `Retry-After`. A client
+//! on `parallel` slots, the slots of one [`Batch`](crate::engine::batch::Batch) that a single
+//! engine thread decodes together (one forward pass per step for all of them); more wait in a
+//! bounded queue, beyond which the server answers 429 with `Retry-After`. A client
 //! that disconnects cancels its generation before the next token; a request that panics gets
 //! a 500 and the server goes on; SIGINT/SIGTERM stop accepting, let running generations finish
 //! for a grace period, then cancel them.

@@ -13,7 +13,8 @@ pub use request::{
     CancelToken, FinishReason, ProgressFn, Prompt, StopConditions, Timings, TokenEvent,
 };
 
-use self::core::{CoreOps, SessionCore};
+use self::core::CoreOps;
+pub(crate) use self::core::SessionCore;
 use super::error::Result;
 use super::{Engine, LoadedModel};
 use crate::chat_template::{ChatMessage, TemplateContext};
