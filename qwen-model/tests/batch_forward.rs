@@ -49,9 +49,12 @@ fn plans(n: usize, vocab: usize) -> Vec<Plan> {
         .collect()
 }
 
+/// A sequence's logits after its prompt and after each decoded token, and its tokens.
+type Run = (Vec<Vec<f32>>, Vec<u32>);
+
 /// Alone: the prompt in one call, then greedy decoding one token per call. Returns the logits
 /// after the prompt and after each decoded token (`steps + 1` rows) and the tokens.
-fn alone(m: &Model<CpuBackend>, p: &Plan) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn alone(m: &Model<CpuBackend>, p: &Plan) -> Run {
     let v = m.config.vocab;
     let mut st = m.new_state(64).unwrap();
     let mut ws = m.new_workspace(64).unwrap();
@@ -82,11 +85,11 @@ struct Live {
 
 /// Batched: every step one `forward_batch` over the sequences that have joined and not left;
 /// a joining sequence's whole prompt is its part of that step's pass.
-fn batched(m: &Model<CpuBackend>, plans: &[Plan]) -> Vec<(Vec<Vec<f32>>, Vec<u32>)> {
+fn batched(m: &Model<CpuBackend>, plans: &[Plan]) -> Vec<Run> {
     let v = m.config.vocab;
     let mut ws = m.new_workspace(128).unwrap();
     let mut live: Vec<Option<Live>> = plans.iter().map(|_| None).collect();
-    let mut done: Vec<Option<(Vec<Vec<f32>>, Vec<u32>)>> = plans.iter().map(|_| None).collect();
+    let mut done: Vec<Option<Run>> = plans.iter().map(|_| None).collect();
     let mut step = 0;
     while done.iter().any(Option::is_none) {
         for (i, p) in plans.iter().enumerate() {
