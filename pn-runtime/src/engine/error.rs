@@ -136,6 +136,20 @@ pub enum EngineError {
         /// Session capacity.
         context: usize,
     },
+    /// Every slot of a [`Batch`](super::batch::Batch) runs a sequence.
+    #[error("all {slots} slots of the batch are running a sequence; step the batch until one finishes, or cancel one")]
+    BatchFull {
+        /// Slots of the batch.
+        slots: usize,
+    },
+    /// A batch slot index that does not exist or whose slot runs a sequence.
+    #[error("batch slot {slot} is busy or does not exist (the batch has {slots} slots)")]
+    BatchSlot {
+        /// The slot asked for.
+        slot: usize,
+        /// Slots of the batch.
+        slots: usize,
+    },
     /// Empty input where tokens are needed.
     #[error("empty prompt: there is nothing to condition the generation on")]
     EmptyPrompt,

@@ -15,6 +15,7 @@
 //! # }
 //! ```
 
+pub mod batch;
 mod cpu_cores;
 mod error;
 mod load;

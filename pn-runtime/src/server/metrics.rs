@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 /// Width of the window the current throughput is measured over.
 const WINDOW_SECS: u64 = 10;
 
+/// Upper bounds of the batch-size histogram's buckets (sequences per forward pass).
+const BATCH_BUCKETS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
+
 /// Counters updated by the handlers and the slot workers.
 #[derive(Debug)]
 pub struct Metrics {
@@ -26,6 +29,15 @@ pub struct Metrics {
     panics: AtomicU64,
     /// Tokens generated per second of uptime, for the last `WINDOW_SECS` seconds.
     window: Mutex<[(u64, u64); WINDOW_SECS as usize]>,
+    /// Batched steps: per bucket of [`BATCH_BUCKETS`] (and one past the last) the steps of at
+    /// most that many sequences (not cumulative; summed when rendered).
+    batch_buckets: [AtomicU64; BATCH_BUCKETS.len() + 1],
+    /// Sequences summed over steps.
+    batch_sequences: AtomicU64,
+    /// Rows (decode rows and prefill chunk rows) summed over steps.
+    batch_rows: AtomicU64,
+    /// Sequences in the last step.
+    batch_last: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -43,6 +55,10 @@ impl Default for Metrics {
             cancelled: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             window: Mutex::new([(u64::MAX, 0); WINDOW_SECS as usize]),
+            batch_buckets: Default::default(),
+            batch_sequences: AtomicU64::new(0),
+            batch_rows: AtomicU64::new(0),
+            batch_last: AtomicU64::new(0),
         }
     }
 }
@@ -115,6 +131,50 @@ impl Metrics {
     /// Counts a generation cancelled (client gone or shutdown).
     pub fn record_cancelled(&self) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one batched forward pass over `sequences` sequences and `rows` rows.
+    pub fn record_step(&self, sequences: usize, rows: usize) {
+        let n = sequences as u64;
+        let b = BATCH_BUCKETS
+            .iter()
+            .position(|&le| n <= le)
+            .unwrap_or(BATCH_BUCKETS.len());
+        self.batch_buckets[b].fetch_add(1, Ordering::Relaxed);
+        self.batch_sequences.fetch_add(n, Ordering::Relaxed);
+        self.batch_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.batch_last.store(n, Ordering::Relaxed);
+    }
+
+    /// The batch-size histogram and its companions, in the text format.
+    fn render_batch(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "# HELP pn_batch_size Sequences decoded together per forward pass (batch size per step).\n# TYPE pn_batch_size histogram"
+        );
+        let mut cumulative = 0;
+        for (i, b) in self.batch_buckets.iter().enumerate() {
+            cumulative += b.load(Ordering::Relaxed);
+            let le = BATCH_BUCKETS
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |v| v.to_string());
+            let _ = writeln!(s, "pn_batch_size_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = self.batch_sequences.load(Ordering::Relaxed);
+        let _ = writeln!(
+            s,
+            "pn_batch_size_sum {sum}\npn_batch_size_count {cumulative}"
+        );
+        let _ = writeln!(
+            s,
+            "# HELP pn_batch_rows_total Rows run through the model by batched steps (decode rows and prefill chunk rows).\n# TYPE pn_batch_rows_total counter\npn_batch_rows_total {}",
+            self.batch_rows.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP pn_batch_size_last Sequences in the last batched step.\n# TYPE pn_batch_size_last gauge\npn_batch_size_last {}",
+            self.batch_last.load(Ordering::Relaxed)
+        );
     }
 
     /// Counts a request whose worker panicked.
@@ -243,6 +303,7 @@ impl Metrics {
             "Requests whose generation panicked (answered with a 500; the server went on).",
             self.panics.load(Ordering::Relaxed).to_string(),
         );
+        self.render_batch(&mut s);
         let _ = writeln!(
             s,
             "# HELP pn_http_requests_total HTTP requests by path and status.\n# TYPE pn_http_requests_total counter"
@@ -285,5 +346,28 @@ mod tests {
             text.contains("pn_http_requests_total{path=\"/v1/completions\",status=\"200\"} 2\n")
         );
         assert!(text.contains("pn_http_requests_total{path=\"other\",status=\"404\"} 1\n"));
+    }
+
+    #[test]
+    fn batch_size_histogram_counts_steps_per_bucket() {
+        let m = Metrics::default();
+        for (seqs, rows) in [(1, 1), (3, 3), (4, 68), (9, 9)] {
+            m.record_step(seqs, rows);
+        }
+        let text = m.render(Gauges::default());
+        for line in [
+            "pn_batch_size_bucket{le=\"1\"} 1\n",
+            "pn_batch_size_bucket{le=\"2\"} 1\n",
+            "pn_batch_size_bucket{le=\"4\"} 3\n",
+            "pn_batch_size_bucket{le=\"8\"} 3\n",
+            "pn_batch_size_bucket{le=\"16\"} 4\n",
+            "pn_batch_size_bucket{le=\"+Inf\"} 4\n",
+            "pn_batch_size_sum 17\n",
+            "pn_batch_size_count 4\n",
+            "pn_batch_rows_total 81\n",
+            "pn_batch_size_last 9\n",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
     }
 }

@@ -2,10 +2,11 @@
 //!
 //! `POST /v1/chat/completions` (with tool calls, [`tools`]), `POST /v1/completions` (both with
 //! `stream` as server-sent events), the Anthropic Messages API ([`anthropic`]: `POST
-//! /v1/messages`, `POST /v1/messages/count_tokens`), `GET /v1/models`, `GET /health` and `GET
-//! /metrics` (Prometheus text). Requests run
-//! on `parallel` slots, each a thread with its own [`Session`](crate::engine::Session); more
-//! wait in a bounded queue, beyond which the server answers 429 with `Retry-After`. A client
+//! /v1/messages`, `POST /v1/messages/count_tokens`), `GET /v1/models`, `GET /health`, `GET
+//! /metrics` (Prometheus text) and a chat page at `/` ([`webui`]). Requests run on `parallel`
+//! slots, the slots of one [`Batch`](crate::engine::batch::Batch) that a single engine thread
+//! decodes together (one forward pass per step for all of them); more wait in a bounded queue,
+//! beyond which the server answers 429 with `Retry-After`. A client
 //! that disconnects cancels its generation before the next token; a request that panics gets
 //! a 500 and the server goes on; SIGINT/SIGTERM stop accepting, let running generations finish
 //! for a grace period, then cancel them.

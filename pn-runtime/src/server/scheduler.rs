@@ -1,24 +1,27 @@
-//! Slots and the waiting queue.
+//! Slots, the waiting queue and the engine thread.
 //!
-//! Each of the `--parallel N` slots is one OS thread owning one [`Session`]: the model runs on
-//! the CPU backend's own thread pool, so blocking threads are the natural unit, and the async
-//! HTTP side only waits on channels. Sessions on different threads interleave their forward
-//! passes fairly on the shared backend. A request waits in a bounded FIFO queue for a free
-//! slot; among free slots it takes the one whose cached tokens share the longest prefix with
-//! its prompt, so a continuing conversation does not re-process its history.
+//! The `--parallel N` slots are the slots of one [`Batch`]: a single engine thread owns it and
+//! steps it, so every request generating decodes its next token in the same forward pass
+//! (one pass over the weights for all of them), and a new request's prompt is processed in
+//! chunks interleaved with the others' decode steps. Requests join and leave between steps;
+//! the async HTTP side only waits on channels. A request waits in a bounded FIFO queue for a
+//! free slot; among free slots it takes the one whose cached tokens (live state or prompt-cache
+//! checkpoint) share the longest prefix with its prompt, so a continuing conversation does not
+//! re-process its history. The batch decodes without speculation (MTP drafting is not batched).
 
 use super::error::ApiError;
 use super::metrics::{Gauges, Metrics};
+use crate::engine::batch::{Batch, BatchEvent, BatchOptions, SeqId, SeqOptions};
 use crate::engine::{
-    CancelToken, Engine, EngineError, FinishReason, Prompt, Session, StopConditions, Timings,
+    CancelToken, Engine, EngineError, FinishReason, Prompt, StopConditions, Timings,
 };
 use crate::sampling::SamplingParams;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 
-/// What a slot reports back about a request.
+/// What the engine thread reports back about a request.
 #[derive(Debug)]
 pub enum Event {
     /// The prompt was processed (`processed` tokens run, the rest reused from the cache).
@@ -61,21 +64,16 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
-/// How many slots, how long a queue, and the optional hook every slot calls before it
-/// generates (see [`SlotHook`](super::SlotHook)).
+/// How many slots, how long a queue, and the optional hook called before each request joins
+/// the batch (see [`SlotHook`](super::SlotHook)).
 #[derive(Clone, Default)]
 pub struct SlotConfig {
-    /// Slots (at least one is made).
+    /// Slots (at least one is made): the batch width.
     pub n_slots: usize,
     /// Requests that may wait for a slot.
     pub max_queue: usize,
-    /// Called with each request's prompt inside the slot's panic guard.
+    /// Called with each request's prompt on the engine thread, inside a panic guard.
     pub before_generate: Option<super::SlotHook>,
-}
-
-struct Slot {
-    session: Mutex<Session>,
-    jobs: mpsc::Sender<Job>,
 }
 
 #[derive(Default)]
@@ -83,16 +81,15 @@ struct Inner {
     queue: VecDeque<Job>,
     /// The cancel token of the request each slot runs, `None` when free.
     running: Vec<Option<CancelToken>>,
-    /// When each slot last got a request (a dispatch counter), for least-recently-used ties.
-    last_used: Vec<u64>,
-    dispatched: u64,
     shutting_down: bool,
 }
 
-/// The slots, their worker threads and the waiting queue.
+/// The batch's engine thread and the waiting queue.
 pub struct Scheduler {
     inner: Mutex<Inner>,
-    slots: Vec<Slot>,
+    /// Wakes the engine thread when a request arrives.
+    wake: Condvar,
+    n_slots: usize,
     max_queue: usize,
     metrics: Arc<Metrics>,
     before_generate: Option<super::SlotHook>,
@@ -101,14 +98,28 @@ pub struct Scheduler {
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
-            .field("slots", &self.slots.len())
+            .field("slots", &self.n_slots)
             .field("max_queue", &self.max_queue)
             .finish_non_exhaustive()
     }
 }
 
+/// A request in the batch.
+struct Running {
+    job: Job,
+    slot: usize,
+}
+
+/// The engine thread's own state: the batch and the requests in it.
+struct EngineLoop {
+    batch: Batch,
+    jobs: HashMap<SeqId, Running>,
+    options: BatchOptions,
+}
+
 impl Scheduler {
-    /// Creates `config.n_slots` sessions and their worker threads.
+    /// Creates the batch of `config.n_slots` slots and its engine thread. The prefill chunk
+    /// (prompt rows per step) is the engine's batch size (`-b`).
     pub fn start(
         engine: &Engine,
         config: SlotConfig,
@@ -120,38 +131,36 @@ impl Scheduler {
             before_generate,
         } = config;
         let n_slots = n_slots.max(1);
-        let mut slots = Vec::with_capacity(n_slots);
-        let mut receivers = Vec::with_capacity(n_slots);
-        for _ in 0..n_slots {
-            let (tx, rx) = mpsc::channel();
-            slots.push(Slot {
-                session: Mutex::new(engine.session()?),
-                jobs: tx,
-            });
-            receivers.push(rx);
-        }
+        let options = BatchOptions {
+            slots: n_slots,
+            prefill_chunk: engine.options().batch.max(1),
+        };
+        let batch = Batch::new(engine, options)?;
         let sched = Arc::new(Scheduler {
             inner: Mutex::new(Inner {
                 running: vec![None; n_slots],
-                last_used: vec![0; n_slots],
                 ..Inner::default()
             }),
-            slots,
+            wake: Condvar::new(),
+            n_slots,
             max_queue,
             metrics,
             before_generate,
         });
-        for (i, rx) in receivers.into_iter().enumerate() {
-            let s = Arc::clone(&sched);
-            std::thread::Builder::new()
-                .name(format!("pn-slot-{i}"))
-                .spawn(move || s.worker(i, rx))
-                .map_err(|e| {
-                    EngineError::Model(qwen_model::ModelError::BadArgument(format!(
-                        "cannot start slot thread: {e}"
-                    )))
-                })?;
-        }
+        let s = Arc::clone(&sched);
+        let mut lp = EngineLoop {
+            batch,
+            jobs: HashMap::new(),
+            options,
+        };
+        std::thread::Builder::new()
+            .name("pn-engine".into())
+            .spawn(move || s.engine_loop(&mut lp))
+            .map_err(|e| {
+                EngineError::Model(qwen_model::ModelError::BadArgument(format!(
+                    "cannot start the engine thread: {e}"
+                )))
+            })?;
         Ok(sched)
     }
 
@@ -166,114 +175,190 @@ impl Scheduler {
         if inner.shutting_down {
             return Err(ApiError::shutting_down());
         }
-        let free = inner.running.iter().any(Option::is_none);
-        if !free && inner.queue.len() >= self.max_queue {
+        let free = inner.running.iter().filter(|r| r.is_none()).count();
+        if inner.queue.len() >= free + self.max_queue {
             let waiting = inner.queue.len();
             // Roughly one slot's turn per queued request per slot, at least a second.
-            let retry = (1 + waiting / self.slots.len()).min(60) as u64;
+            let retry = (1 + waiting / self.n_slots).min(60) as u64;
             return Err(ApiError::overloaded(waiting, retry));
         }
         inner.queue.push_back(job);
-        self.dispatch(&mut inner);
+        self.wake.notify_one();
         Ok(())
     }
 
-    /// Hands queued requests to free slots (FIFO; each takes the free slot that can reuse
-    /// the most of its prompt).
-    fn dispatch(&self, inner: &mut Inner) {
+    /// The engine thread: admits queued requests into free slots, steps the batch while any
+    /// request runs, and routes each step's events to their requests.
+    fn engine_loop(&self, lp: &mut EngineLoop) {
         loop {
-            let free: Vec<usize> = (0..self.slots.len())
-                .filter(|&i| inner.running[i].is_none())
-                .collect();
-            if free.is_empty() {
-                return;
-            }
-            let Some(job) = inner.queue.pop_front() else {
-                return;
+            let jobs = {
+                let mut inner = self.lock();
+                while lp.jobs.is_empty() && inner.queue.is_empty() {
+                    inner = self.wake.wait(inner).unwrap_or_else(|e| e.into_inner());
+                }
+                let free = lp.batch.free_slots().len();
+                let n = free.min(inner.queue.len());
+                inner.queue.drain(..n).collect::<Vec<_>>()
             };
-            if job.cancel.is_cancelled() {
-                // The client left while waiting.
-                self.metrics.record_cancelled();
+            for job in jobs {
+                self.admit(lp, job);
+            }
+            if lp.jobs.is_empty() {
                 continue;
             }
-            // A free slot's session lock is released before the slot is marked free, so
-            // this never waits on a generation (and never deadlocks with a worker). Among
-            // slots that reuse equally much, the least recently used one is taken, so a
-            // conversation kept in another slot survives unrelated requests.
-            let best = free
+            // A request whose client left (or that shutdown cancelled) leaves before the step.
+            let gone: Vec<SeqId> = lp
+                .jobs
                 .iter()
-                .copied()
-                .max_by_key(|&i| {
-                    let s = self.slots[i]
-                        .session
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    (
-                        s.reusable_prefix(&job.prompt),
-                        u64::MAX - inner.last_used[i],
-                        usize::MAX - i,
-                    )
-                })
-                .unwrap_or(free[0]);
-            inner.dispatched += 1;
-            inner.last_used[best] = inner.dispatched;
-            inner.running[best] = Some(job.cancel.clone());
-            if let Err(mpsc::SendError(job)) = self.slots[best].jobs.send(job) {
-                // The worker is gone (cannot happen while the scheduler lives).
-                inner.running[best] = None;
-                let _ = job
-                    .events
-                    .send(Event::Failed(ApiError::internal("slot worker stopped")));
+                .filter(|(_, r)| r.job.cancel.is_cancelled())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in gone {
+                let timings = lp.batch.cancel(id).unwrap_or_default();
+                self.finish(lp, id, FinishReason::Cancelled, timings);
+            }
+            if lp.jobs.is_empty() {
+                continue;
+            }
+            match catch_unwind(AssertUnwindSafe(|| lp.batch.step())) {
+                Ok(Ok(events)) => {
+                    let info = lp.batch.last_step();
+                    if info.sequences > 0 {
+                        self.metrics.record_step(info.sequences, info.rows);
+                    }
+                    for e in events {
+                        self.route(lp, e);
+                    }
+                }
+                Ok(Err(e)) => self.fail_all(lp, engine_error(e)),
+                Err(_) => {
+                    // The batch may be half-updated: every request in it fails and the slots
+                    // start afresh.
+                    self.metrics.record_panic();
+                    self.fail_all(
+                        lp,
+                        ApiError::internal(
+                            "internal error while generating (the request was aborted; the server goes on)",
+                        ),
+                    );
+                    let engine = lp.batch.engine().clone();
+                    match Batch::new(&engine, lp.options) {
+                        Ok(b) => lp.batch = b,
+                        Err(e) => eprintln!("pn serve: cannot rebuild the batch: {e}"),
+                    }
+                }
             }
         }
     }
 
-    fn worker(&self, index: usize, jobs: mpsc::Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            let events = job.events.clone();
-            let last = self.run_job(index, job);
-            // The slot is marked free before the client hears the end: a client's next
-            // request then finds this slot (and the conversation it holds) free, instead of
-            // racing the worker and landing in another slot.
-            {
-                let mut inner = self.lock();
-                inner.running[index] = None;
-                self.dispatch(&mut inner);
-            }
-            if let Some(last) = last {
-                let _ = events.send(last);
-            }
-        }
-    }
-
-    /// Runs `job` on slot `index`; returns its last event, to send once the slot is free.
-    fn run_job(&self, index: usize, job: Job) -> Option<Event> {
+    /// Puts `job` into the free slot that can reuse the most of its prompt (the least recently
+    /// used among equals, [`Batch::add`]), after the hook, inside a panic guard.
+    fn admit(&self, lp: &mut EngineLoop, job: Job) {
         if job.cancel.is_cancelled() {
+            // The client left while waiting.
             self.metrics.record_cancelled();
-            return None;
+            return;
         }
-        let mut session = self.slots[index]
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let added = catch_unwind(AssertUnwindSafe(|| {
             if let Some(hook) = &self.before_generate {
                 hook(&job.prompt);
             }
-            generate(&mut session, &job, &self.metrics)
+            let mut stop = job.stop.clone();
+            stop.cancel = Some(job.cancel.clone());
+            // The free slot that can reuse the most of the prompt (least recently used
+            // among equals).
+            let options = SeqOptions {
+                logprobs: job.logprobs,
+                thinking: job.thinking.clone(),
+            };
+            lp.batch.add_with(
+                Prompt::Tokens(job.prompt.clone()),
+                job.params.clone(),
+                stop,
+                options,
+            )
         }));
-        match outcome {
-            Ok(Ok(done)) => Some(done),
-            Ok(Err(e)) => Some(Event::Failed(e)),
-            Err(_) => {
-                // The session may be half-updated: start the slot afresh. A failed reset leaves
-                // no tokens behind, so the slot's next sequence resets again and reports it.
-                let _ = session.reset();
-                self.metrics.record_panic();
-                Some(Event::Failed(ApiError::internal(
-                    "internal error while generating (the request was aborted; the server goes on)",
-                )))
+        let id = match added {
+            Ok(Ok(id)) => id,
+            Ok(Err(e)) => {
+                let _ = job.events.send(Event::Failed(engine_error(e)));
+                return;
             }
+            Err(_) => {
+                self.metrics.record_panic();
+                let _ = job.events.send(Event::Failed(ApiError::internal(
+                    "internal error while generating (the request was aborted; the server goes on)",
+                )));
+                return;
+            }
+        };
+        let Some(slot) = lp.batch.slot_of(id) else {
+            return;
+        };
+        self.lock().running[slot] = Some(job.cancel.clone());
+        lp.jobs.insert(id, Running { job, slot });
+    }
+
+    /// Sends one batch event to its request.
+    fn route(&self, lp: &mut EngineLoop, event: BatchEvent) {
+        match event {
+            BatchEvent::Started { id, processed, .. } => {
+                if let Some(r) = lp.jobs.get(&id) {
+                    let _ = r.job.events.send(Event::Started { processed });
+                }
+            }
+            BatchEvent::Token {
+                id,
+                event,
+                timings,
+                logprob,
+            } => {
+                let Some(r) = lp.jobs.get(&id) else {
+                    return;
+                };
+                if event.token.is_some() {
+                    self.metrics.record_token();
+                }
+                if let Some(l) = logprob {
+                    let info = super::logprobs::TokenInfo::new(lp.batch.engine().tokenizer(), &l);
+                    let _ = r.job.events.send(Event::Logprob(info));
+                }
+                if !event.text.is_empty() && r.job.events.send(Event::Text(event.text)).is_err() {
+                    // Nobody is listening any more: stop before the next token.
+                    r.job.cancel.cancel();
+                }
+                if let Some(f) = event.finish {
+                    self.finish(lp, id, f, timings);
+                }
+            }
+        }
+    }
+
+    /// Ends request `id`: its metrics, its slot marked free, then its last event. The slot is
+    /// marked free before the client hears the end: a client's next request then finds this
+    /// slot (and the conversation it holds) free.
+    fn finish(&self, lp: &mut EngineLoop, id: SeqId, finish: FinishReason, timings: Timings) {
+        let Some(r) = lp.jobs.remove(&id) else {
+            return;
+        };
+        self.metrics.record_generation(
+            timings.prompt_tokens,
+            r.job.prompt.len().saturating_sub(timings.prompt_tokens),
+            timings.prompt_time,
+            timings.generation_time,
+        );
+        if finish == FinishReason::Cancelled {
+            self.metrics.record_cancelled();
+        }
+        self.lock().running[r.slot] = None;
+        let _ = r.job.events.send(Event::Done { finish, timings });
+    }
+
+    /// Fails every request in the batch with `error`.
+    fn fail_all(&self, lp: &mut EngineLoop, error: ApiError) {
+        for (_, r) in lp.jobs.drain() {
+            self.lock().running[r.slot] = None;
+            let _ = r.job.events.send(Event::Failed(error.clone()));
         }
     }
 
@@ -294,6 +379,7 @@ impl Scheduler {
         for c in inner.running.iter().flatten() {
             c.cancel();
         }
+        self.wake.notify_one();
     }
 
     /// Requests generating now.
@@ -307,58 +393,9 @@ impl Scheduler {
         Gauges {
             queue_depth: inner.queue.len(),
             busy_slots: inner.running.iter().filter(|r| r.is_some()).count(),
-            slots: self.slots.len(),
+            slots: self.n_slots,
         }
     }
-}
-
-/// Runs one request on a session, sending its events but the last, which it returns.
-fn generate(session: &mut Session, job: &Job, metrics: &Metrics) -> Result<Event, ApiError> {
-    let engine = session.engine().clone();
-    let mut generation = session
-        .generate_sequence(
-            Prompt::Tokens(job.prompt.clone()),
-            job.params.clone(),
-            job.stop.clone(),
-        )
-        .map_err(engine_error)?;
-    if let Some(n) = job.logprobs {
-        generation = generation.with_logprobs(n);
-    }
-    if let Some(t) = &job.thinking {
-        generation = generation.with_thinking(t.clone());
-    }
-    let processed = generation.timings().prompt_tokens;
-    let _ = job.events.send(Event::Started { processed });
-    let mut finish = FinishReason::Cancelled;
-    while let Some(event) = generation.next() {
-        let event = event.map_err(engine_error)?;
-        if event.token.is_some() {
-            metrics.record_token();
-        }
-        if let Some(lp) = generation.take_logprob() {
-            let info = super::logprobs::TokenInfo::new(engine.tokenizer(), &lp);
-            let _ = job.events.send(Event::Logprob(info));
-        }
-        if !event.text.is_empty() && job.events.send(Event::Text(event.text)).is_err() {
-            // Nobody is listening any more: stop before the next token.
-            job.cancel.cancel();
-        }
-        if let Some(f) = event.finish {
-            finish = f;
-        }
-    }
-    let timings = generation.timings();
-    metrics.record_generation(
-        timings.prompt_tokens,
-        job.prompt.len().saturating_sub(timings.prompt_tokens),
-        timings.prompt_time,
-        timings.generation_time,
-    );
-    if finish == FinishReason::Cancelled {
-        metrics.record_cancelled();
-    }
-    Ok(Event::Done { finish, timings })
 }
 
 fn engine_error(e: EngineError) -> ApiError {

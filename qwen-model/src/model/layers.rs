@@ -20,6 +20,28 @@ pub(crate) struct Step {
     pub(crate) rope_pos0: usize,
 }
 
+/// One sequence's rows in a pass through a block: its layer state, its positions, and where
+/// its rows sit in the workspace (`row0..row0 + step.rows`).
+pub(crate) struct BlockSeg<'a, B: Backend> {
+    /// The sequence's state of this layer.
+    pub(crate) ls: &'a mut LayerState<B>,
+    /// Its rows and positions.
+    pub(crate) step: Step,
+    /// Its first row in the workspace buffers.
+    pub(crate) row0: usize,
+    /// Where a GDN layer records its states (traced passes).
+    pub(crate) trace: Option<LayerTrace<'a, B>>,
+}
+
+/// The sequences of one pass through a block, each seen as a [`BlockSeg`] on demand (so a
+/// pass allocates nothing).
+pub(crate) trait BlockRows<B: Backend> {
+    /// Sequences in the pass.
+    fn count(&self) -> usize;
+    /// Sequence `i` (`< count()`).
+    fn seg(&mut self, i: usize) -> BlockSeg<'_, B>;
+}
+
 /// Where one GDN layer of a traced pass records its states.
 pub(crate) struct LayerTrace<'a, B: Backend> {
     /// Conv states `[max_rows, conv_state_len]`.
@@ -107,32 +129,27 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// One decoder block on the first `step.rows` rows of `ws.resid` (a GDN layer records its
-    /// states into `trace` when given one).
+    /// One decoder block on the first `rows` rows of `ws.resid`, the rows of the sequences
+    /// `segs` side by side (each its own layer state, positions and rows; a GDN layer records
+    /// its states into a sequence's trace when it has one). Every matrix sees all `rows` rows
+    /// at once; the ops that read a sequence's own state run per sequence.
     pub(crate) fn block(
         &self,
         lw: &LayerWeights<B>,
-        ls: &mut LayerState<B>,
+        segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
-        step: Step,
-        trace: Option<LayerTrace<'_, B>>,
+        rows: usize,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
-        let (d, blk, rows) = (c.hidden, self.rot_block(), step.rows);
+        let (d, blk) = (c.hidden, self.rot_block());
+        if segs.count() > 1 {
+            ws.ensure_seg(be)?;
+        }
         // The mixers start with their input projections of the attention norm of the residual.
         let norm = &lw.attn_norm;
-        match (&lw.mixer, ls) {
-            (Mixer::Attention(aw), LayerState::Attention { k, v }) => {
-                self.attention(aw, norm, k, v, ws, step)?
-            }
-            (Mixer::DeltaNet(gw), LayerState::DeltaNet(st)) => {
-                self.deltanet(gw, norm, st, ws, rows, trace)?
-            }
-            _ => {
-                return Err(ModelError::BadArgument(
-                    "state does not match the model's layers".into(),
-                ))
-            }
+        match &lw.mixer {
+            Mixer::Attention(aw) => self.attention(aw, norm, segs, ws, rows)?,
+            Mixer::DeltaNet(gw) => self.deltanet(gw, norm, segs, ws, rows)?,
         }
         be.add(&mut ws.resid, &ws.mixer_out, rows * d)?;
         let f = &lw.ffn;
@@ -163,25 +180,26 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// Gated full attention of `rms_norm(ws.resid) * norm` -> `ws.mixer_out`, appending K/V at
-    /// cache row `step.cache_pos0`.
+    /// Gated full attention of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows,
+    /// each sequence of `segs` appending its K/V at its own cache row `step.cache_pos0` and
+    /// attending over its own cache.
     fn attention(
         &self,
         aw: &AttnWeights<B>,
         norm: &B::Buf,
-        kc: &mut B::KvBuf,
-        vc: &mut B::KvBuf,
+        segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
-        step: Step,
+        rows: usize,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let (dh, eps, blk) = (c.head_dim, c.rms_eps, self.rot_block());
-        let (hq, hkv, kv) = (c.n_q_heads, c.n_kv_heads, c.kv_dim());
-        let Step {
-            rows,
-            cache_pos0,
-            rope_pos0,
-        } = step;
+        let (hq, hkv, kv, qd, ad) = (
+            c.n_q_heads,
+            c.n_kv_heads,
+            c.kv_dim(),
+            c.q_proj_dim(),
+            c.attn_out_dim(),
+        );
         self.norm_project(
             &ws.resid,
             norm,
@@ -194,39 +212,45 @@ impl<B: Backend> Model<B> {
                 (&aw.v, &mut ws.v),
             ],
         )?;
-        // Per-head q/k RMSNorm, then RoPE on the first `rope_dims` dims (norm before rope).
+        // Per-head q/k RMSNorm (row by row: every sequence at once).
         be.rms_norm_strided(&mut ws.q_gate, &aw.q_norm, dh, 2 * dh, rows * hq, eps)?;
         be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps)?;
-        let q_rope = RopeLayout {
-            n_heads: hq,
-            head_stride: 2 * dh,
-            token_stride: c.q_proj_dim(),
-            n_rot: c.rope_dims,
-        };
-        let k_rope = RopeLayout {
-            n_heads: hkv,
-            head_stride: dh,
-            token_stride: kv,
-            n_rot: c.rope_dims,
-        };
-        be.rope(&mut ws.q_gate, &q_rope, rows, rope_pos0, c.rope_theta)?;
-        be.rope(&mut ws.k, &k_rope, rows, rope_pos0, c.rope_theta)?;
-        be.kv_write(&ws.k, kc, cache_pos0 * kv, rows * kv)?;
-        be.kv_write(&ws.v, vc, cache_pos0 * kv, rows * kv)?;
-        be.attention(
-            &ws.q_gate,
-            kc,
-            vc,
-            &mut ws.attn_out,
-            &c.attn_layout(),
-            cache_pos0..cache_pos0 + rows,
-        )?;
-        // Output gate: the second half of each head's q-projection slice, through a sigmoid.
+        for i in 0..segs.count() {
+            let seg = segs.seg(i);
+            let LayerState::Attention { k: kc, v: vc } = seg.ls else {
+                return Err(mismatch());
+            };
+            let (r0, n) = (seg.row0, seg.step.rows);
+            if r0 == 0 {
+                let bufs = AttnBufs {
+                    q_gate: &mut ws.q_gate,
+                    k: &mut ws.k,
+                    v: &ws.v,
+                    out: &mut ws.attn_out,
+                };
+                self.attend(bufs, kc, vc, seg.step)?;
+                continue;
+            }
+            let sb = ws.seg.as_mut().ok_or_else(no_seg)?;
+            be.copy(&ws.q_gate, r0 * qd, &mut sb.q_gate, 0, n * qd)?;
+            be.copy(&ws.k, r0 * kv, &mut sb.k, 0, n * kv)?;
+            be.copy(&ws.v, r0 * kv, &mut sb.v, 0, n * kv)?;
+            let bufs = AttnBufs {
+                q_gate: &mut sb.q_gate,
+                k: &mut sb.k,
+                v: &sb.v,
+                out: &mut sb.attn_out,
+            };
+            self.attend(bufs, kc, vc, seg.step)?;
+            be.copy(&sb.attn_out, 0, &mut ws.attn_out, r0 * ad, n * ad)?;
+        }
+        // Output gate: the second half of each head's q-projection slice (which RoPE does not
+        // touch), through a sigmoid.
         let gate = GateLayout {
             n_heads: hq,
             head_dim: dh,
             offset: dh,
-            token_stride: c.q_proj_dim(),
+            token_stride: qd,
             head_stride: 2 * dh,
         };
         be.sigmoid_gate(&mut ws.attn_out, &ws.q_gate, &gate, rows)?;
@@ -240,20 +264,63 @@ impl<B: Backend> Model<B> {
         )
     }
 
-    /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out`, updating the conv and
-    /// recurrent state `st`.
+    /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: RoPE at its
+    /// positions, the K/V cache write, attention over its cache.
+    fn attend(
+        &self,
+        b: AttnBufs<'_, B>,
+        kc: &mut B::KvBuf,
+        vc: &mut B::KvBuf,
+        step: Step,
+    ) -> Result<(), ModelError> {
+        let (be, c) = (&self.backend, &self.config);
+        let kv = c.kv_dim();
+        let Step {
+            rows,
+            cache_pos0,
+            rope_pos0,
+        } = step;
+        // RoPE on the first `rope_dims` dims (after the per-head norm).
+        let q_rope = RopeLayout {
+            n_heads: c.n_q_heads,
+            head_stride: 2 * c.head_dim,
+            token_stride: c.q_proj_dim(),
+            n_rot: c.rope_dims,
+        };
+        let k_rope = RopeLayout {
+            n_heads: c.n_kv_heads,
+            head_stride: c.head_dim,
+            token_stride: kv,
+            n_rot: c.rope_dims,
+        };
+        be.rope(b.q_gate, &q_rope, rows, rope_pos0, c.rope_theta)?;
+        be.rope(b.k, &k_rope, rows, rope_pos0, c.rope_theta)?;
+        be.kv_write(b.k, kc, cache_pos0 * kv, rows * kv)?;
+        be.kv_write(b.v, vc, cache_pos0 * kv, rows * kv)?;
+        be.attention(
+            b.q_gate,
+            kc,
+            vc,
+            b.out,
+            &c.attn_layout(),
+            cache_pos0..cache_pos0 + rows,
+        )
+    }
+
+    /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows, each
+    /// sequence of `segs` updating its own conv and recurrent state.
     fn deltanet(
         &self,
         gw: &GdnWeights<B>,
         norm: &B::Buf,
-        st: &mut GdnState<B>,
+        segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
         rows: usize,
-        mut trace: Option<LayerTrace<'_, B>>,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let g = &c.gdn;
         let blk = self.rot_block();
+        let (cd, hv, vd) = (g.conv_dim(), g.n_v_heads, g.value_dim());
         self.norm_project(
             &ws.resid,
             norm,
@@ -267,65 +334,43 @@ impl<B: Backend> Model<B> {
                 (&gw.alpha, &mut ws.alpha),
             ],
         )?;
-        if let Some(t) = &mut trace {
-            // The conv state after row r is the last `kernel - 1` rows of [state ; u] up to
-            // row r: copies taken before the conv shifts `u` into the state.
-            let (cd, hist, cl) = (g.conv_dim(), g.conv_kernel - 1, g.conv_state_len());
-            for r in 0..rows {
-                let dst = (t.row0 + r) * cl;
-                let from_old = hist.saturating_sub(r + 1);
-                if from_old > 0 {
-                    be.copy(&st.conv, (r + 1) * cd, t.conv, dst, from_old * cd)?;
-                }
-                let first_u = (r + 1).saturating_sub(hist);
-                be.copy(
-                    &ws.conv_in,
-                    first_u * cd,
-                    t.conv,
-                    dst + from_old * cd,
-                    (hist - from_old) * cd,
-                )?;
+        for i in 0..segs.count() {
+            let mut seg = segs.seg(i);
+            let LayerState::DeltaNet(st) = seg.ls else {
+                return Err(mismatch());
+            };
+            let (r0, n) = (seg.row0, seg.step.rows);
+            let trace = seg.trace.as_mut();
+            if r0 == 0 {
+                let bufs = GdnBufs {
+                    conv_in: &ws.conv_in,
+                    conv_out: &mut ws.conv_out,
+                    beta: &mut ws.beta,
+                    alpha: &mut ws.alpha,
+                    out: &mut ws.gdn_out,
+                };
+                self.gdn_core(gw, st, bufs, n, trace)?;
+                continue;
             }
-        }
-        let shape = ConvShape {
-            channels: g.conv_dim(),
-            kernel: g.conv_kernel,
-        };
-        be.conv1d_silu(
-            &ws.conv_in,
-            &gw.conv,
-            &mut st.conv,
-            &mut ws.conv_out,
-            shape,
-            rows,
-        )?;
-        let args = GdnArgs {
-            dims: g,
-            n_tokens: rows,
-            y: &mut ws.conv_out,
-            b: &mut ws.beta,
-            alpha: &mut ws.alpha,
-            a: &gw.a,
-            dt_bias: &gw.dt_bias,
-            state: &mut st.ssm,
-            out: &mut ws.gdn_out,
-        };
-        match trace {
-            None => be.gated_delta_rule(args)?,
-            Some(t) => be.gated_delta_rule_traced(
-                args,
-                GdnTrace {
-                    states: t.ssm,
-                    row0: t.row0,
-                    scratch: t.scratch,
-                },
-            )?,
+            let sb = ws.seg.as_mut().ok_or_else(no_seg)?;
+            be.copy(&ws.conv_in, r0 * cd, &mut sb.conv_in, 0, n * cd)?;
+            be.copy(&ws.beta, r0 * hv, &mut sb.beta, 0, n * hv)?;
+            be.copy(&ws.alpha, r0 * hv, &mut sb.alpha, 0, n * hv)?;
+            let bufs = GdnBufs {
+                conv_in: &sb.conv_in,
+                conv_out: &mut sb.conv_out,
+                beta: &mut sb.beta,
+                alpha: &mut sb.alpha,
+                out: &mut sb.gdn_out,
+            };
+            self.gdn_core(gw, st, bufs, n, trace)?;
+            be.copy(&sb.gdn_out, 0, &mut ws.gdn_out, r0 * vd, n * vd)?;
         }
         be.gated_rms_norm(
             &mut ws.gdn_out,
             &ws.gdn_gate,
             &gw.norm,
-            rows * g.value_dim(),
+            rows * vd,
             g.dv,
             c.rms_eps,
         )?;
@@ -338,4 +383,99 @@ impl<B: Backend> Model<B> {
             [(&gw.out, &mut ws.mixer_out)],
         )
     }
+
+    /// One sequence's part of a GDN layer on its `rows` rows at offset 0 of `b`: the conv over
+    /// its conv state, then the delta rule over its recurrent state (recorded into `trace`).
+    fn gdn_core(
+        &self,
+        gw: &GdnWeights<B>,
+        st: &mut GdnState<B>,
+        b: GdnBufs<'_, B>,
+        rows: usize,
+        mut trace: Option<&mut LayerTrace<'_, B>>,
+    ) -> Result<(), ModelError> {
+        let (be, g) = (&self.backend, &self.config.gdn);
+        if let Some(t) = trace.as_mut() {
+            // The conv state after row r is the last `kernel - 1` rows of [state ; u] up to
+            // row r: copies taken before the conv shifts `u` into the state.
+            let (cd, hist, cl) = (g.conv_dim(), g.conv_kernel - 1, g.conv_state_len());
+            let tconv = &mut *t.conv;
+            for r in 0..rows {
+                let dst = (t.row0 + r) * cl;
+                let from_old = hist.saturating_sub(r + 1);
+                if from_old > 0 {
+                    be.copy(&st.conv, (r + 1) * cd, tconv, dst, from_old * cd)?;
+                }
+                let first_u = (r + 1).saturating_sub(hist);
+                be.copy(
+                    b.conv_in,
+                    first_u * cd,
+                    tconv,
+                    dst + from_old * cd,
+                    (hist - from_old) * cd,
+                )?;
+            }
+        }
+        let shape = ConvShape {
+            channels: g.conv_dim(),
+            kernel: g.conv_kernel,
+        };
+        be.conv1d_silu(b.conv_in, &gw.conv, &mut st.conv, b.conv_out, shape, rows)?;
+        let args = GdnArgs {
+            dims: g,
+            n_tokens: rows,
+            y: b.conv_out,
+            b: b.beta,
+            alpha: b.alpha,
+            a: &gw.a,
+            dt_bias: &gw.dt_bias,
+            state: &mut st.ssm,
+            out: b.out,
+        };
+        match trace {
+            None => be.gated_delta_rule(args),
+            Some(t) => be.gated_delta_rule_traced(
+                args,
+                GdnTrace {
+                    states: &mut *t.ssm,
+                    row0: t.row0,
+                    scratch: &mut *t.scratch,
+                },
+            ),
+        }
+    }
+}
+
+/// The buffers of one sequence's attention ops ([`Model::attend`]).
+struct AttnBufs<'a, B: Backend> {
+    /// q projection rows `[rows, Hq * 2 * Dh]` (roped in place).
+    q_gate: &'a mut B::Buf,
+    /// Key rows `[rows, Hkv * Dh]` (roped in place).
+    k: &'a mut B::Buf,
+    /// Value rows `[rows, Hkv * Dh]`.
+    v: &'a B::Buf,
+    /// Attention output rows `[rows, Hq * Dh]`.
+    out: &'a mut B::Buf,
+}
+
+/// The buffers of one sequence's GDN ops ([`Model::gdn_core`]).
+struct GdnBufs<'a, B: Backend> {
+    /// Conv input rows `[rows, conv_dim]`.
+    conv_in: &'a B::Buf,
+    /// Conv + SiLU output rows `[rows, conv_dim]`.
+    conv_out: &'a mut B::Buf,
+    /// Beta input rows `[rows, Hv]`.
+    beta: &'a mut B::Buf,
+    /// Decay input rows `[rows, Hv]`.
+    alpha: &'a mut B::Buf,
+    /// Delta-rule output rows `[rows, Hv * dv]`.
+    out: &'a mut B::Buf,
+}
+
+fn mismatch() -> ModelError {
+    ModelError::BadArgument("state does not match the model's layers".into())
+}
+
+fn no_seg() -> ModelError {
+    ModelError::BadArgument("batched pass without per-sequence buffers".into())
 }

@@ -5,10 +5,12 @@
 //! `layers` one decoder block (attention and Gated DeltaNet mixers, FFN), `mtp` the MTP block
 //! and `workspace` the scratch activations.
 
+mod batch;
 mod layers;
 mod mtp;
 mod workspace;
 
+pub use batch::BatchSeq;
 pub use workspace::Workspace;
 
 use crate::backend::{Backend, KvCacheType, Requirements};
@@ -16,8 +18,9 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::state::{State, StateTrace};
 use crate::weights::{Matrix, Weights};
+use batch::Seg;
 use gguf_io::GgufFile;
-use layers::{project, LayerTrace, Step};
+use layers::project;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -222,11 +225,42 @@ impl<B: Backend> Model<B> {
         mut out: Outputs<'_>,
         mut trace: Option<&mut StateTrace<B>>,
     ) -> Result<(), ModelError> {
+        self.check_call(state, tokens, &out)?;
+        let n_tok = tokens.len();
+        let mut done = 0;
+        // A lone sequence is the one-sequence case of the batched pass, chunk by chunk.
+        for chunk in tokens.chunks(ws.max_rows) {
+            let mut segs = [Seg {
+                state: &mut *state,
+                tokens: chunk,
+                out: &mut out,
+                done,
+                n_tok,
+                trace: trace.as_deref_mut(),
+            }];
+            self.trunk_pass(ws, &mut segs)?;
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// What every forward checks before it runs `tokens` on `state` with outputs `out`.
+    fn check_call(
+        &self,
+        state: &State<B>,
+        tokens: &[u32],
+        out: &Outputs<'_>,
+    ) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::BadArgument("no tokens".into()));
         }
+        if state.layers.len() != self.config.n_layers {
+            return Err(ModelError::BadArgument(
+                "state does not match the model's layers".into(),
+            ));
+        }
         self.check_tokens(tokens)?;
-        self.check_outputs(tokens.len(), &out)?;
+        self.check_outputs(tokens.len(), out)?;
         let needed = state.pos + tokens.len();
         if needed > state.capacity {
             return Err(ModelError::ContextFull {
@@ -234,8 +268,7 @@ impl<B: Backend> Model<B> {
                 capacity: state.capacity,
             });
         }
-        let d = self.config.hidden;
-        let n_tok = tokens.len();
+        let (d, n_tok) = (self.config.hidden, tokens.len());
         if let Some(r) = &out.layer_residuals {
             if r.len() != (self.config.n_layers + 1) * n_tok * d {
                 return Err(ModelError::BadArgument(format!(
@@ -245,125 +278,105 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
-        let head = Head {
-            norm: &self.weights.output_norm,
-            matrix: self.weights.lm_head(),
-        };
-        let mut done = 0;
-        for chunk in tokens.chunks(ws.max_rows) {
-            let rows = chunk.len();
-            let pos0 = state.pos;
-            self.backend
-                .embed(&self.weights.token_embd.w, chunk, &mut ws.resid)?;
-            let mut save = |l: usize, x: &B::Buf| {
-                if let Some(r) = out.layer_residuals.as_deref_mut() {
-                    let at = (l * n_tok + done) * d;
-                    self.backend.download(x, 0, &mut r[at..at + rows * d])?;
-                }
-                Ok::<(), ModelError>(())
-            };
-            save(0, &ws.resid)?;
-            for (l, (lw, ls)) in self
-                .weights
-                .layers
-                .iter()
-                .zip(state.layers.iter_mut())
-                .enumerate()
-            {
-                let lt = trace.as_deref_mut().and_then(|t| {
-                    let scratch = &mut t.scratch;
-                    t.layers[l].as_mut().map(|(conv, ssm)| LayerTrace {
-                        conv,
-                        ssm,
-                        scratch,
-                        row0: done,
-                    })
-                });
-                let step = Step {
-                    rows,
-                    cache_pos0: pos0,
-                    rope_pos0: pos0,
-                };
-                self.block(lw, ls, ws, step, lt)?;
-                save(l + 1, &ws.resid)?;
-            }
-            state.pos += rows;
-            self.emit(ws, &head, rows, done, n_tok, &mut out)?;
-            done += rows;
-        }
         Ok(())
     }
 
-    /// After the last block of the chunk of `rows` tokens starting at input row `done` (of
-    /// `n_tok`): when `out` wants outputs of these rows (every row, or the last of all), the
-    /// final norm and LM head, downloaded into `out`.
+    /// After the last block of a pass over the sequences `segs`: for each whose `out` wants
+    /// outputs of these rows (every row, or the last of its call), the final norm and LM head
+    /// over all the rows wanted at once (one pass over the head's weights), downloaded into
+    /// each sequence's `out`.
     fn emit(
         &self,
         ws: &mut Workspace<B>,
         head: &Head<'_, B>,
-        rows: usize,
-        done: usize,
-        n_tok: usize,
-        out: &mut Outputs<'_>,
+        segs: &mut [Seg<'_, '_, B>],
     ) -> Result<(), ModelError> {
-        let (d, v) = (self.config.hidden, self.config.vocab);
-        if !out.all_rows && done + rows != n_tok {
+        let (be, d, v, eps) = (
+            &self.backend,
+            self.config.hidden,
+            self.config.vocab,
+            self.config.rms_eps,
+        );
+        // The rows wanted, contiguous: the residual itself when they are its first rows (one
+        // sequence), else gathered into `embed_rows` (`[n, D]`, n <= max_rows).
+        let (mut n, mut picks, mut first_src) = (0, 0, 0);
+        let (mut logits, mut hidden) = (false, false);
+        for i in 0..segs.len() {
+            if let Some((src, k, _)) = pick(segs, i) {
+                (n, picks) = (n + k, picks + 1);
+                first_src = if picks == 1 { src } else { first_src };
+                logits |= segs[i].out.logits.is_some();
+                hidden |= segs[i].out.hidden.is_some();
+            }
+        }
+        if picks == 0 {
             return Ok(());
         }
-        let (out_rows, first_out) = if out.all_rows { (rows, done) } else { (1, 0) };
-        self.head(ws, rows, head, out)?;
-        let be = &self.backend;
-        if let Some(h) = out.hidden.as_deref_mut() {
-            let dst = &mut h[first_out * d..(first_out + out_rows) * d];
-            be.download(&ws.final_normed, 0, dst)?;
+        let direct = picks == 1 && first_src == 0;
+        if !direct {
+            let mut at = 0;
+            for i in 0..segs.len() {
+                if let Some((src, k, _)) = pick(segs, i) {
+                    be.copy(&ws.resid, src * d, &mut ws.embed_rows, at * d, k * d)?;
+                    at += k;
+                }
+            }
         }
-        if let Some(l) = out.logits.as_deref_mut() {
-            let dst = &mut l[first_out * v..(first_out + out_rows) * v];
-            be.download(&ws.logits, 0, dst)?;
-        }
-        Ok(())
-    }
-
-    /// Final norm of the rows of `ws.resid` that `out` asks for into `ws.final_normed` and
-    /// (when it asks for logits) the LM head into `ws.logits`. Without `out.hidden` (nobody
-    /// reads `ws.final_normed`) the norm and the LM head's input rotation may be fused, leaving
-    /// `ws.final_normed` unwritten.
-    fn head(
-        &self,
-        ws: &mut Workspace<B>,
-        rows: usize,
-        head: &Head<'_, B>,
-        out: &Outputs<'_>,
-    ) -> Result<(), ModelError> {
-        let (be, d, eps) = (&self.backend, self.config.hidden, self.config.rms_eps);
-        let (logits, hidden) = (out.logits.is_some(), out.hidden.is_some());
-        let (src, n) = if out.all_rows {
-            (&ws.resid, rows)
-        } else {
-            be.copy(&ws.resid, (rows - 1) * d, &mut ws.embed_rows, 0, d)?;
-            (&ws.embed_rows, 1)
-        };
+        let src = if direct { &ws.resid } else { &ws.embed_rows };
         if logits && !hidden {
-            return self.norm_project(
+            // Nobody reads `final_normed`: the norm and the head's input rotation may fuse.
+            self.norm_project(
                 src,
                 head.norm,
                 &mut ws.final_normed,
                 &mut ws.rotated,
                 n,
                 [(head.matrix, &mut ws.logits)],
-            );
-        }
-        be.rms_norm(src, head.norm, &mut ws.final_normed, n, d, eps)?;
-        if logits {
-            project(
-                be,
-                &mut ws.rotated,
-                self.rot_block(),
-                &ws.final_normed,
-                n,
-                [(head.matrix, &mut ws.logits)],
             )?;
+        } else {
+            be.rms_norm(src, head.norm, &mut ws.final_normed, n, d, eps)?;
+            if logits {
+                project(
+                    be,
+                    &mut ws.rotated,
+                    self.rot_block(),
+                    &ws.final_normed,
+                    n,
+                    [(head.matrix, &mut ws.logits)],
+                )?;
+            }
+        }
+        let mut at = 0;
+        for i in 0..segs.len() {
+            let Some((_, k, first)) = pick(segs, i) else {
+                continue;
+            };
+            let out = &mut *segs[i].out;
+            if let Some(h) = out.hidden.as_deref_mut() {
+                be.download(&ws.final_normed, at * d, &mut h[first * d..(first + k) * d])?;
+            }
+            if let Some(l) = out.logits.as_deref_mut() {
+                be.download(&ws.logits, at * v, &mut l[first * v..(first + k) * v])?;
+            }
+            at += k;
         }
         Ok(())
+    }
+}
+
+/// The output rows sequence `i` of a pass wants: `(first workspace row, rows, first row of
+/// its outputs)` (every row of the pass, or the last row of its call), `None` for none.
+fn pick<B: Backend>(segs: &[Seg<'_, '_, B>], i: usize) -> Option<(usize, usize, usize)> {
+    let s = &segs[i];
+    if s.out.logits.is_none() && s.out.hidden.is_none() {
+        return None;
+    }
+    let (r0, rows) = (batch::row0(segs, i), s.tokens.len());
+    if s.out.all_rows {
+        Some((r0, rows, s.done))
+    } else if s.done + rows == s.n_tok {
+        Some((r0 + rows - 1, 1, 0))
+    } else {
+        None
     }
 }

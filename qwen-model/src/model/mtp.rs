@@ -2,11 +2,12 @@
 //! extra decoder block over `[enorm(embedding) ; hnorm(h)]`, with its own KV cache, drafting
 //! the token after next.
 
-use super::layers::{project, Step};
+use super::batch::Seg;
+use super::layers::{project, BlockRows, BlockSeg, Step};
 use super::{Head, Model, Outputs, Workspace};
 use crate::backend::Backend;
 use crate::error::ModelError;
-use crate::state::State;
+use crate::state::{LayerState, State};
 
 impl<B: Backend> Model<B> {
     /// Runs the MTP block over rows `(tokens[i], hidden[i])`, appending them to the MTP KV cache
@@ -25,9 +26,9 @@ impl<B: Backend> Model<B> {
         mut out: Outputs<'_>,
     ) -> Result<(), ModelError> {
         let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
-        let Some(mtp_state) = state.mtp.as_mut() else {
+        if state.mtp.is_none() {
             return Err(ModelError::NoMtp);
-        };
+        }
         let (be, c) = (&self.backend, &self.config);
         let (d, eps) = (c.hidden, c.rms_eps);
         if tokens.is_empty() || hidden.len() != tokens.len() * d {
@@ -88,11 +89,41 @@ impl<B: Backend> Model<B> {
                 cache_pos0: state.mtp_len,
                 rope_pos0: rope_pos0 + done,
             };
-            self.block(&mtp.block, mtp_state, ws, step, None)?;
+            let ls = state.mtp.as_mut().ok_or(ModelError::NoMtp)?;
+            self.block(&mtp.block, &mut MtpRows { ls, step }, ws, rows)?;
             state.mtp_len += rows;
-            self.emit(ws, &head, rows, done, tokens.len(), &mut out)?;
+            let mut emit = [Seg {
+                state: &mut *state,
+                tokens: chunk,
+                out: &mut out,
+                done,
+                n_tok: tokens.len(),
+                trace: None,
+            }];
+            self.emit(ws, &head, &mut emit)?;
             done += rows;
         }
         Ok(())
+    }
+}
+
+/// The MTP block's one sequence as the [`BlockRows`] of a block pass.
+struct MtpRows<'a, B: Backend> {
+    ls: &'a mut LayerState<B>,
+    step: Step,
+}
+
+impl<B: Backend> BlockRows<B> for MtpRows<'_, B> {
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn seg(&mut self, _: usize) -> BlockSeg<'_, B> {
+        BlockSeg {
+            ls: &mut *self.ls,
+            step: self.step,
+            row0: 0,
+            trace: None,
+        }
     }
 }

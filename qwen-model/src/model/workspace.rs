@@ -58,6 +58,36 @@ pub struct Workspace<B: Backend> {
     pub(crate) eh_in: B::Buf,
     /// LM head output `[rows, V]`.
     pub(crate) logits: B::Buf,
+    /// Per-sequence buffers of a batched pass ([`SegBufs`]), made on the first pass over more
+    /// than one sequence (a single-sequence workspace never pays for them).
+    pub(crate) seg: Option<SegBufs<B>>,
+    /// Floats per row of each [`SegBufs`] buffer, in field order.
+    seg_widths: [usize; 9],
+}
+
+/// Where the per-sequence ops of a batched pass (RoPE, KV write and attention; conv1d and the
+/// delta rule) work on the rows of one sequence that does not start at row 0 of the batch:
+/// its rows are copied here, the ops run from offset 0 as for a lone sequence, and the output
+/// rows are copied back. Shapes as the workspace's buffers of the same names, `[max_rows, ..]`.
+pub(crate) struct SegBufs<B: Backend> {
+    /// `[rows, Hq * 2 * Dh]`.
+    pub(crate) q_gate: B::Buf,
+    /// `[rows, Hkv * Dh]`.
+    pub(crate) k: B::Buf,
+    /// `[rows, Hkv * Dh]`.
+    pub(crate) v: B::Buf,
+    /// `[rows, Hq * Dh]`.
+    pub(crate) attn_out: B::Buf,
+    /// `[rows, conv_dim]`.
+    pub(crate) conv_in: B::Buf,
+    /// `[rows, conv_dim]`.
+    pub(crate) conv_out: B::Buf,
+    /// `[rows, Hv]`.
+    pub(crate) beta: B::Buf,
+    /// `[rows, Hv]`.
+    pub(crate) alpha: B::Buf,
+    /// `[rows, Hv * dv]`.
+    pub(crate) gdn_out: B::Buf,
 }
 
 impl<B: Backend> Workspace<B> {
@@ -92,7 +122,40 @@ impl<B: Backend> Workspace<B> {
             embed_rows: be.alloc(r * d)?,
             eh_in: be.alloc(r * 2 * d)?,
             logits: be.alloc(r * c.vocab)?,
+            seg: None,
+            seg_widths: [
+                c.q_proj_dim(),
+                c.kv_dim(),
+                c.kv_dim(),
+                c.attn_out_dim(),
+                g.conv_dim(),
+                g.conv_dim(),
+                g.n_v_heads,
+                g.n_v_heads,
+                g.value_dim(),
+            ],
         })
+    }
+
+    /// Makes the per-sequence buffers of batched passes, once.
+    pub(crate) fn ensure_seg(&mut self, be: &B) -> Result<(), ModelError> {
+        if self.seg.is_some() {
+            return Ok(());
+        }
+        let r = self.max_rows;
+        let [q, k, v, a, ci, co, b, al, go] = self.seg_widths.map(|w| r * w);
+        self.seg = Some(SegBufs {
+            q_gate: be.alloc(q)?,
+            k: be.alloc(k)?,
+            v: be.alloc(v)?,
+            attn_out: be.alloc(a)?,
+            conv_in: be.alloc(ci)?,
+            conv_out: be.alloc(co)?,
+            beta: be.alloc(b)?,
+            alpha: be.alloc(al)?,
+            gdn_out: be.alloc(go)?,
+        });
+        Ok(())
     }
 
     /// Tokens one internal step processes (longer inputs are split).

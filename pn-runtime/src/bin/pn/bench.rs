@@ -13,12 +13,17 @@
 //! ```
 //!
 //! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
-//! the repetitions. With speculative decoding on (`--spec mtp`, the default for a model with an
+//! the repetitions. `--parallel N` (`-np`, comma-separated) runs each tg test with N
+//! sequences decoded together in one [`Batch`] (one forward pass per token of all of them, no
+//! speculation), named `tgN xP`: its `avg_ts` is the aggregate decode throughput of the N
+//! streams, `n_parallel` says N, and each sequence's first token (its prompt's pass) is not
+//! timed. With speculative decoding on (`--spec mtp`, the default for a model with an
 //! MTP block) a tg test is a greedy generation with drafting, and its object also has `spec`
 //! (`"mtp"`), `n_draft`, `spec_acceptance` (accepted / drafted) and `spec_tokens_per_pass`.
 
 use crate::engine_args::{self, ModelArgs};
-use pn_runtime::engine::StopConditions;
+use pn_runtime::engine::batch::{Batch, BatchOptions};
+use pn_runtime::engine::{Prompt, StopConditions};
 use pn_runtime::sampling::SamplingParams;
 use pn_runtime::speculative::SpecStats;
 use pn_runtime::Engine;
@@ -60,6 +65,10 @@ pub struct Args {
     /// Output format: md, csv or json.
     #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "csv", "json"])]
     pub output: String,
+    /// Sequences decoded together in the tg tests (comma-separated; each value its own test):
+    /// one batched forward pass per step for all of them, aggregate tokens per second.
+    #[arg(long = "parallel", alias = "np", value_delimiter = ',')]
+    pub parallel: Vec<usize>,
 }
 
 /// One result row (the JSON object documented in the module docs). The model and speculation
@@ -90,6 +99,9 @@ pub struct BenchResult {
     /// tg tests with speculative decoding.
     #[serde(flatten)]
     pub spec: Option<SpecColumns>,
+    /// Sequences decoded together (`--parallel` tg tests; `avg_ts` is their total).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_parallel: Option<usize>,
 }
 
 /// The model and backend columns, the same for every test of a run.
@@ -217,6 +229,62 @@ fn run_spec_tg(
     Ok((samples, Some(total)))
 }
 
+/// A tg test of `np` sequences decoded together in one [`Batch`]: each gets `depth` context
+/// tokens and a start token of its own (its prompt, not timed: the first step runs the
+/// prompts and samples the first tokens), then the steps until each has `n_gen` tokens are
+/// timed. Returns the nanoseconds of each repetition and the tokens each timed.
+fn run_batch_tg(
+    engine: &Engine,
+    depth: usize,
+    n_gen: usize,
+    reps: usize,
+    np: usize,
+) -> Result<(Vec<u64>, usize), Box<dyn std::error::Error>> {
+    let options = BatchOptions {
+        slots: np,
+        prefill_chunk: (np * (depth + 1)).max(engine.options().batch),
+    };
+    let mut samples = Vec::with_capacity(reps);
+    let prompts: Vec<Vec<u32>> = (0..np)
+        .map(|i| {
+            [
+                bench_tokens(engine, depth, 1),
+                bench_tokens(engine, 1, 3 + i),
+            ]
+            .concat()
+        })
+        .collect();
+    let timed = np * n_gen.saturating_sub(1);
+    for rep in 0..=reps {
+        // A fresh batch each time, so no repetition reuses the last one's prompts.
+        let mut batch = Batch::new(engine, options)?;
+        for (slot, p) in prompts.iter().enumerate() {
+            let stop = StopConditions {
+                max_tokens: Some(n_gen),
+                ignore_eog: true,
+                ..StopConditions::default()
+            };
+            batch.add_to_slot(
+                slot,
+                Prompt::Tokens(p.clone()),
+                SamplingParams::greedy(),
+                stop,
+            )?;
+        }
+        // The prompts and the first tokens: one step (the prefill chunk holds every prompt).
+        batch.step()?;
+        let t0 = Instant::now();
+        while batch.active() > 0 {
+            batch.step()?;
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        if rep > 0 {
+            samples.push(ns.max(1));
+        }
+    }
+    Ok((samples, timed))
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model_args = args.model.clone();
@@ -248,10 +316,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut tests = Vec::new();
     for &d in &args.n_depth {
         for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
-            tests.push((d, p, 0));
+            tests.push((d, p, 0, None));
         }
         for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-            tests.push((d, 0, n));
+            if args.parallel.is_empty() {
+                tests.push((d, 0, n, None));
+            }
+            for &np in &args.parallel {
+                tests.push((d, 0, n, Some(np.max(1))));
+            }
         }
     }
     let setup = Setup {
@@ -262,18 +335,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         n_threads: threads,
     };
     let mut results = Vec::new();
-    for (d, p, n) in tests {
-        let (samples_ns, spec) = run_test(&engine, d, p, n, reps)?;
-        let tokens = (p + n) as f64;
+    for (d, p, n, np) in tests {
+        let (samples_ns, spec, tokens) = match np {
+            Some(np) => {
+                let (ns, timed) = run_batch_tg(&engine, d, n, reps, np)?;
+                (ns, None, timed as f64)
+            }
+            None => {
+                let (ns, spec) = run_test(&engine, d, p, n, reps)?;
+                (ns, spec, (p + n) as f64)
+            }
+        };
         let samples_ts: Vec<f64> = samples_ns
             .iter()
             .map(|&ns| tokens * 1e9 / ns as f64)
             .collect();
         let (avg_ts, stddev_ts) = mean_std(&samples_ts);
-        let name = if p > 0 {
-            format!("pp{p}")
-        } else {
-            format!("tg{n}")
+        let name = match (p > 0, np) {
+            (true, _) => format!("pp{p}"),
+            (false, Some(np)) => format!("tg{n} x{np}"),
+            (false, None) => format!("tg{n}"),
         };
         let test = if d > 0 {
             format!("{name} @ d{d}")
@@ -297,6 +378,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 spec_acceptance: s.acceptance_rate(),
                 spec_tokens_per_pass: s.tokens_per_pass(),
             }),
+            n_parallel: np,
         };
         if args.output == "md" {
             if results.is_empty() {

@@ -278,7 +278,7 @@ pub const FLAGS: &[Flag] = &[
     Flag {
         spellings: &["-np", "--parallel"],
         long: "--parallel",
-        commands: &["serve"],
+        commands: &["serve", "bench"],
         example: Some("2"),
         note: "",
     },

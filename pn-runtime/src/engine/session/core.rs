@@ -92,7 +92,7 @@ pub(super) struct SpecRun {
 
 /// A session on backend `B`: everything [`Session`](super::Session) does, written once for
 /// every backend.
-pub(super) struct SessionCore<B: Backend> {
+pub(crate) struct SessionCore<B: Backend> {
     /// A handle on the engine (tokenizer, options), keeping the model alive.
     engine: Engine,
     /// The engine's model on backend `B` (the same one `engine` holds, typed).
@@ -116,13 +116,24 @@ pub(super) struct SessionCore<B: Backend> {
 
 impl<B: Backend> SessionCore<B> {
     pub(super) fn new(engine: Engine, model: Arc<Model<B>>) -> Result<SessionCore<B>> {
+        let (spec, rows) = (engine.options().speculation, engine.options().batch);
+        Self::build(engine, model, spec, rows)
+    }
+
+    /// A core speculating as `spec`, with a workspace of `ws_rows` rows per pass.
+    fn build(
+        engine: Engine,
+        model: Arc<Model<B>>,
+        spec: Speculation,
+        ws_rows: usize,
+    ) -> Result<SessionCore<B>> {
         Ok(SessionCore {
             state: model.new_state_with_kv_types(
                 engine.context(),
                 engine.options().kv_type_k,
                 engine.options().kv_type_v,
             )?,
-            ws: model.new_workspace(engine.options().batch.max(1))?,
+            ws: model.new_workspace(ws_rows.max(1))?,
             fed: Vec::new(),
             pending: None,
             logits: vec![0.0; model.config.vocab],
@@ -132,7 +143,7 @@ impl<B: Backend> SessionCore<B> {
                 engine.options().prompt_cache_checkpoints,
             ),
             progress: None,
-            spec: SpecDecoder::for_model(&model, engine.options().speculation),
+            spec: SpecDecoder::for_model(&model, spec),
             engine,
             model,
         })
@@ -205,6 +216,14 @@ impl<B: Backend> SessionCore<B> {
     /// assistant turn: a template that re-renders earlier replies differently diverges there)
     /// and at the end, with the logits (the same prompt again).
     fn run_prompt(&mut self, all: &[u32]) -> Result<()> {
+        let marks = self.prompt_marks(all);
+        self.run_tokens(all, &marks)?;
+        self.prompt_checkpoint()
+    }
+
+    /// Where [`run_prompt`](Self::run_prompt) takes prompt-cache checkpoints in `all` (after
+    /// `fed`): absolute positions, ascending.
+    fn prompt_marks(&self, all: &[u32]) -> Vec<usize> {
         let start = self.fed.len();
         let mut marks = self.cache.interval_marks(start, start + all.len());
         if let Some(id) = self.engine.tokenizer().token_id("<|im_start|>") {
@@ -213,7 +232,11 @@ impl<B: Backend> SessionCore<B> {
             marks.sort_unstable();
             marks.dedup();
         }
-        self.run_tokens(all, &marks)?;
+        marks
+    }
+
+    /// The checkpoint at the end of a prompt, with its logits (the same prompt again).
+    fn prompt_checkpoint(&mut self) -> Result<()> {
         let m = &*self.model;
         self.cache.insert(
             &self.state,
@@ -349,6 +372,118 @@ impl<B: Backend> SessionCore<B> {
     }
 }
 
+/// What a slot of a [`Batch`](crate::engine::batch::Batch) asks of its session core: the batch
+/// runs the forward passes (its rows together with the other slots'), the core keeps the
+/// sequence's tokens, logits and prompt cache as a lone session does.
+impl<B: Backend> SessionCore<B> {
+    /// A core for a batch slot: as [`new`](Self::new), without speculation (batched decoding
+    /// drafts nothing) and with a workspace of one row (the batch has its own).
+    pub(crate) fn for_batch(engine: Engine, model: Arc<Model<B>>) -> Result<SessionCore<B>> {
+        Self::build(engine, model, Speculation::None, 1)
+    }
+
+    /// Starts the sequence `full` (the whole sequence, as
+    /// [`Session::generate_sequence`](super::Session::generate_sequence)): rewinds to its
+    /// longest reusable prefix and returns that prefix's length and the prompt-cache marks of
+    /// the rest (absolute positions where [`batch_checkpoint`](Self::batch_checkpoint) is to
+    /// be called before the chunk starting there).
+    pub(crate) fn batch_begin(&mut self, full: &[u32]) -> Result<(usize, Vec<usize>)> {
+        if full.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_room_total(full.len())?;
+        let reused = self.rewind_to_prefix_of(full)?;
+        let marks = if reused < full.len() {
+            self.prompt_marks(&full[reused..])
+        } else {
+            Vec::new()
+        };
+        self.has_logits = reused == full.len() && self.has_logits;
+        Ok((reused, marks))
+    }
+
+    /// Tokens the state holds (the position of the next one fed).
+    pub(crate) fn batch_pos(&self) -> usize {
+        self.fed.len()
+    }
+
+    /// [`CoreOps::reusable_prefix`] for the batch.
+    pub(crate) fn reusable_prefix_of(&self, tokens: &[u32]) -> usize {
+        match self.plan(tokens) {
+            Start::Live(n) | Start::Checkpoint(n) => n,
+            Start::Empty => 0,
+        }
+    }
+
+    /// Back to an empty sequence and prompt cache (after a failed pass).
+    pub(crate) fn batch_reset(&mut self) -> Result<()> {
+        let m = &*self.model;
+        self.fed.clear();
+        self.pending = None;
+        self.has_logits = false;
+        self.cache.clear();
+        self.state.reset(&m.config, &m.backend)?;
+        Ok(())
+    }
+
+    /// Whether the logits after the last fed token are at hand (a prompt the cache held whole).
+    pub(crate) fn batch_has_logits(&self) -> bool {
+        self.has_logits
+    }
+
+    /// A prompt-cache checkpoint at the current position (a mark inside a prompt), or at the
+    /// end of a prompt with its logits when `end`.
+    pub(crate) fn batch_checkpoint(&mut self, end: bool) -> Result<()> {
+        if end {
+            return self.prompt_checkpoint();
+        }
+        let m = &*self.model;
+        self.cache
+            .insert(&self.state, &m.config, &m.backend, None, None)?;
+        Ok(())
+    }
+
+    /// The pending token (a sampled one not yet fed), taken: the batch feeds it next.
+    pub(crate) fn batch_take_pending(&mut self) -> Option<u32> {
+        self.pending.take()
+    }
+
+    /// The state and the logits buffer (`[vocab]`), for one batched pass.
+    pub(crate) fn batch_parts(&mut self) -> (&mut State<B>, &mut [f32]) {
+        (&mut self.state, self.logits.as_mut_slice())
+    }
+
+    /// After a batched pass fed `tokens`; `logits`: whether it wrote the logits after the last.
+    pub(crate) fn batch_fed(&mut self, tokens: &[u32], logits: bool) {
+        self.fed.extend_from_slice(tokens);
+        self.has_logits = logits;
+    }
+
+    /// Samples the next token from the logits at hand and makes it pending (`None`: the
+    /// context is full, nothing sampled), as a plain decoding step does.
+    pub(crate) fn batch_sample(&mut self, sampler: &mut Sampler) -> Option<u32> {
+        if !self.has_logits || self.fed.len() >= self.state.capacity() {
+            return None;
+        }
+        let id = sampler.sample(&mut self.logits, &self.fed);
+        self.has_logits = false;
+        self.pending = Some(id);
+        Some(id)
+    }
+
+    /// [`batch_sample`](Self::batch_sample) for a token emitted without sampling (the thinking
+    /// budget's closing sequence): the logits are only observed (for its log probability).
+    pub(crate) fn batch_force(&mut self, sampler: &mut Sampler, id: u32) -> Option<u32> {
+        if !self.has_logits || self.fed.len() >= self.state.capacity() {
+            return None;
+        }
+        sampler.observe(&mut self.logits);
+        self.has_logits = false;
+        self.pending = Some(id);
+        Some(id)
+    }
+}
+
 impl<B: Backend> CoreOps for SessionCore<B>
 where
     SessionCore<B>: Send,
@@ -410,13 +545,7 @@ where
     }
 
     fn reset(&mut self) -> Result<()> {
-        let m = &*self.model;
-        self.fed.clear();
-        self.pending = None;
-        self.has_logits = false;
-        self.cache.clear();
-        self.state.reset(&m.config, &m.backend)?;
-        Ok(())
+        self.batch_reset()
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
@@ -499,10 +628,7 @@ where
     }
 
     fn reusable_prefix(&self, tokens: &[u32]) -> usize {
-        match self.plan(tokens) {
-            Start::Live(n) | Start::Checkpoint(n) => n,
-            Start::Empty => 0,
-        }
+        self.reusable_prefix_of(tokens)
     }
 
     /// The next token of a generation: from the current speculative `run`, else by a

@@ -8,14 +8,17 @@ mod core;
 mod generation;
 mod request;
 mod thinking;
+mod token_stream;
 
 pub use generation::Generation;
 pub use request::{
     CancelToken, FinishReason, ProgressFn, Prompt, StopConditions, Timings, TokenEvent,
 };
 pub use thinking::ThinkingControl;
+pub(crate) use token_stream::TokenStream;
 
-use self::core::{CoreOps, SessionCore};
+use self::core::CoreOps;
+pub(crate) use self::core::SessionCore;
 use super::error::Result;
 use super::{Engine, LoadedModel};
 use crate::chat_template::{ChatMessage, TemplateContext};
