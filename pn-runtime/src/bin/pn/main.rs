@@ -9,6 +9,7 @@ mod demo;
 mod engine_args;
 mod eval_kl;
 mod grammar_args;
+mod imatrix;
 mod inputs;
 mod inspect;
 mod kl_file;
@@ -54,6 +55,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Quantize an F32/F16/BF16/Q8_0 qwen35 GGUF to a PN model (mix P0k+19, Hadamard-rotated).
     Quantize(quantize::Args),
+    /// Collect llama.cpp-style importance matrices (activation statistics) over a text.
+    Imatrix(imatrix::Args),
     /// Compare a quantized model with its base: mean/p99 KL, top-1 agreement, perplexity.
     EvalKl(eval_kl::Args),
     /// Print the token ids of a text as a JSON array.
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Imatrix(args) => imatrix::run(args),
         Command::EvalKl(args) => eval_kl::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Template(args) => template::run(args),

@@ -3,7 +3,8 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::quantize::{
-    quantize_model, FallbackPolicy, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
+    quantize_model, CalibInput, FallbackPolicy, Method, Mix, Progress, QuantizeError,
+    QuantizeOptions, RotationChoice,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +52,29 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// PN encoder: ref (the reference round to nearest, bit-exact), imatrix (importance-weighted
+    /// scale search; needs --calib or --imatrix), gptq (error feedback; needs --calib).
+    /// Default: gptq with --calib, else ref.
+    #[arg(long, value_parser = parse_method)]
+    pub method: Option<Method>,
+    /// Calibration text (UTF-8; tokenized with the input model's tokenizer) run through the
+    /// input model to collect each matrix's input statistics.
+    #[arg(long)]
+    pub calib: Option<PathBuf>,
+    /// Use at most this many calibration tokens.
+    #[arg(long, default_value_t = 16384)]
+    pub calib_tokens: usize,
+    /// Tokens per calibration chunk.
+    #[arg(long, default_value_t = 512)]
+    pub calib_ctx: usize,
+    /// GPTQ damping, relative to the mean of the Hessian's diagonal (0.1: GPTQ's usual 0.01
+    /// overfits a calibration set of a few thousand tokens).
+    #[arg(long, default_value_t = 0.1)]
+    pub damp: f64,
+}
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    Method::parse(s).ok_or_else(|| format!("unknown method `{s}` (expected ref, imatrix or gptq)"))
 }
 
 fn parse_fallback(s: &str) -> Result<FallbackPolicy, String> {
@@ -73,6 +97,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     opts.force = args.force;
     opts.report = args.report;
     opts.fallback = args.kquant_fallback;
+    opts.method = args.method;
+    opts.calib = args.calib.map(|text| CalibInput {
+        text,
+        max_tokens: Some(args.calib_tokens),
+        ctx: args.calib_ctx,
+        damp: args.damp,
+    });
 
     // Ctrl-C only raises a flag: the workers stop, the temporary file is removed, and the
     // error says so. A second Ctrl-C while unwinding is not needed: the flag is checked per row.
@@ -104,6 +135,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 b.set_length(total_bytes);
                 b.set_position(0);
                 b.reset_eta();
+            }
+            Progress::Calib { done, total } => {
+                if done == 0 {
+                    b.set_prefix("calibrate");
+                    b.set_length(total as u64);
+                    b.set_position(0);
+                    b.reset_eta();
+                } else {
+                    b.set_position(done as u64);
+                }
+                let rate = b.per_sec();
+                b.set_message(format!("{done}/{total} tokens, {rate:.0} tokens/s"));
             }
             Progress::Tensor { name } => b.set_message(name.to_string()),
             Progress::Advance(n) => b.inc(n),
