@@ -92,6 +92,14 @@ pub enum PnError {
         /// The block size.
         r: usize,
     },
+    /// A calibration Hessian that stays not positive definite even after damping.
+    #[error("Hessian is not positive definite at column {column} (damping {damp:e})")]
+    NotPositiveDefinite {
+        /// The column where the Cholesky factorisation failed.
+        column: usize,
+        /// The largest damping tried (added to the diagonal).
+        damp: f64,
+    },
     /// An error inside one row of a multi-row operation.
     #[error("row {row}: {source}")]
     InRow {

@@ -33,11 +33,13 @@ pub mod block;
 mod decode;
 pub mod dot;
 mod error;
+pub mod gptq;
 pub mod hadamard;
 mod isa;
 mod parallel;
 mod quantize;
 mod types;
+pub mod weighted;
 
 pub use block::{blocks, pack_block, BlockRef};
 pub use decode::{dequantize_row, dequantize_row_with, validate_row};

@@ -40,7 +40,7 @@ fn rint(q: f64) -> f64 {
 
 /// The code of weight `v` for scale `s`: `clamp(rint(v / s) + z, 0, 2z - 1)`, as an f64.
 #[inline(always)]
-fn code_of(v: f64, s: f64, z: f64) -> f64 {
+pub(crate) fn code_of(v: f64, s: f64, z: f64) -> f64 {
     (rint(v / s) + z).clamp(0.0, 2.0 * z - 1.0)
 }
 
@@ -160,7 +160,7 @@ fn group_errors(
 }
 
 /// The canonical zero group: `d = +0.0`, every code `z`.
-fn zero_block(ty: PnType) -> [u8; BLOCK_BYTES] {
+pub(crate) fn zero_block(ty: PnType) -> [u8; BLOCK_BYTES] {
     let codes = [ty.zero_point() as u8; 80];
     pack_block(ty, f16::from_bits(0), &codes[..ty.weights_per_block()])
 }

@@ -124,6 +124,26 @@ pub enum QuantizeError {
         /// What is wrong, with the byte offset or entry name.
         why: String,
     },
+    /// The importance matrix does not belong to this model (a tensor it names is missing or
+    /// has another row length).
+    #[error("imatrix {path}: tensor {tensor}: {why} (an imatrix of another model?)")]
+    ImatrixMismatch {
+        /// The imatrix file.
+        path: PathBuf,
+        /// The entry that does not fit.
+        tensor: String,
+        /// What does not fit.
+        why: String,
+    },
+    /// Collecting calibration statistics failed (reading or tokenizing the text, running the
+    /// model, or a Hessian that cannot be factored).
+    #[error("calibration with {path}: {why}")]
+    Calibration {
+        /// The calibration text (or model) involved.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
     /// The run was cancelled (Ctrl-C); the temporary output was removed.
     #[error("interrupted; no output written")]
     Interrupted,

@@ -16,6 +16,8 @@
 //!
 //! Memory stays bounded: the input is memory-mapped and one tensor's output is held at a time.
 
+pub mod calib;
+pub mod calibrated;
 pub mod codec;
 pub mod error;
 pub mod eval;
@@ -30,6 +32,7 @@ pub mod source;
 mod spill;
 pub mod summary;
 
+pub use calibrated::Method;
 pub use error::QuantizeError;
 pub use fallback::{FallbackChoice, FallbackPolicy};
 pub use mix::{Mix, MixKind, Role, Target};
@@ -54,6 +57,13 @@ pub const KEY_PROMOTED: &str = "pn.promoted";
 /// Metadata key: tensors stored as F32 stand-ins of a stock type (string array; only present
 /// when there are any, i.e. with [`FallbackPolicy::Simulate`]).
 pub const KEY_SIMULATED: &str = "pn.simulated";
+/// Metadata key: the PN encoder (`ref`, `imatrix`, `gptq`); absent for `ref`, whose output
+/// stays byte-identical to a run without calibration.
+pub const KEY_QUANTIZER_METHOD: &str = "pn.quantizer.method";
+/// Metadata key: calibration tokens run (u64; only with calibration text).
+pub const KEY_QUANTIZER_TOKENS: &str = "pn.quantizer.calib_tokens";
+/// Metadata key: sha256 (hex) of the calibration text (only with calibration text).
+pub const KEY_QUANTIZER_HASH: &str = "pn.quantizer.calib_sha256";
 /// Metadata key: K-quant tensors stored in a real fallback type, as `name=q3_K->pn4t` strings
 /// (string array; only present when there are any).
 pub const KEY_FALLBACK: &str = "pn.fallback";
@@ -82,6 +92,23 @@ pub struct QuantizeOptions {
     /// What to do with K-quants that cannot tile K (`None`: the mix's default, see
     /// [`FallbackPolicy::default_for`]).
     pub fallback: Option<FallbackPolicy>,
+    /// The PN encoder (`None`: `gptq` with calibration text, else `ref`).
+    pub method: Option<Method>,
+    /// Calibration text for the `imatrix` and `gptq` methods.
+    pub calib: Option<CalibInput>,
+}
+
+/// Calibration text and how much of it to run.
+#[derive(Clone, Debug)]
+pub struct CalibInput {
+    /// A UTF-8 text file, tokenized with the input model's tokenizer.
+    pub text: PathBuf,
+    /// Use at most this many tokens.
+    pub max_tokens: Option<usize>,
+    /// Tokens per chunk (one sequence each).
+    pub ctx: usize,
+    /// Relative GPTQ damping (`lambda = damp * mean diag H`).
+    pub damp: f64,
 }
 
 impl QuantizeOptions {
@@ -98,6 +125,8 @@ impl QuantizeOptions {
             force: false,
             report: false,
             fallback: None,
+            method: None,
+            calib: None,
         }
     }
 }
@@ -111,6 +140,13 @@ pub enum Progress<'a> {
         label: &'a str,
         /// Input bytes the phase will read.
         total_bytes: u64,
+    },
+    /// Calibration: this many tokens of `total` have run through the model.
+    Calib {
+        /// Tokens done.
+        done: usize,
+        /// Tokens in all.
+        total: usize,
     },
     /// Work on a tensor starts.
     Tensor {
@@ -147,7 +183,16 @@ pub fn quantize_model(
         return Err(QuantizeError::OutputExists(opts.output.clone()));
     }
     let importance = match &opts.imatrix {
-        Some(p) => Some(imatrix::load(p)?),
+        Some(p) => {
+            let imp = imatrix::load(p)?;
+            imatrix::check_model(p, &imp, |n| {
+                plan.tensors
+                    .iter()
+                    .find(|t| t.name() == n)
+                    .map(|t| t.encoder.k)
+            })?;
+            Some(imp)
+        }
         None => None,
     };
     let threads = if opts.threads == 0 {
@@ -157,6 +202,8 @@ pub fn quantize_model(
     } else {
         opts.threads
     };
+    let mut calib_run =
+        prepare_calibration(opts, &plan, importance.as_ref(), threads, progress, cancel)?;
 
     let pass = Pass {
         file: &file,
@@ -209,6 +256,19 @@ pub fn quantize_model(
     }
     w.add_metadata(KEY_MIX, Value::String(mix_name.clone()))
         .map_err(write_err)?;
+    if let Some((run, tokens, hash)) = &calib_run {
+        w.add_metadata(
+            KEY_QUANTIZER_METHOD,
+            Value::String(run.method.name().into()),
+        )
+        .map_err(write_err)?;
+        if let Some(hash) = hash {
+            w.add_metadata(KEY_QUANTIZER_TOKENS, Value::U64(*tokens as u64))
+                .map_err(write_err)?;
+            w.add_metadata(KEY_QUANTIZER_HASH, Value::String(hash.clone()))
+                .map_err(write_err)?;
+        }
+    }
     w.add_metadata(
         KEY_PROMOTED,
         Value::Array(gguf_io::Array::String(promoted.clone())),
@@ -258,13 +318,30 @@ pub fn quantize_model(
     let mut ranked = ranked;
     for (i, t) in plan.tensors.iter().enumerate() {
         progress(Progress::Tensor { name: t.name() });
-        let (bytes, stats) = match ranked.take(i)? {
-            // Encoded by the ranking pass and not promoted: the same bytes, read back.
-            Some(done) => {
-                progress(Progress::Advance(t.in_bytes));
-                done
+        let calibrated = match calib_run.as_mut() {
+            Some((run, _, _)) if t.encoder.target.is_pn() => {
+                let bytes = tensor_bytes(&file, t)?;
+                let input = input_rows(&bytes, t)?;
+                let advance = |n: u64| progress(Progress::Advance(n));
+                let workers = calibrated::Workers {
+                    threads,
+                    cancel,
+                    advance: &advance,
+                };
+                run.encode(&input, &t.encoder, &workers)?
             }
-            None => encode_one(&pass, t, true, opts.report, None)?,
+            _ => None,
+        };
+        let (bytes, stats) = match calibrated {
+            Some(done) => done,
+            None => match ranked.take(i)? {
+                // Encoded by the ranking pass and not promoted: the same bytes, read back.
+                Some(done) => {
+                    progress(Progress::Advance(t.in_bytes));
+                    done
+                }
+                None => encode_one(&pass, t, true, opts.report, None)?,
+            },
         };
         w.write_tensor_data(t.name(), &bytes).map_err(write_err)?;
         results.push(TensorResult {
@@ -325,26 +402,8 @@ fn encode_one(
         progress,
         cancel,
     } = *pass;
-    let bytes = file
-        .tensor_bytes(t.name())
-        .map_err(|e| QuantizeError::Codec {
-            tensor: t.name().to_string(),
-            msg: e.to_string(),
-        })?;
-    let row_bytes = t
-        .in_ty
-        .row_bytes(t.encoder.k as u64)
-        .ok_or_else(|| QuantizeError::NoRule {
-            tensor: t.name().to_string(),
-            k: t.encoder.k as u64,
-            why: format!("not a whole number of {} blocks", t.in_ty.name()),
-        })? as usize;
-    let input = InputRows {
-        bytes: &bytes,
-        ty: t.in_ty,
-        row_bytes,
-        rows: t.rows as usize,
-    };
+    let bytes = tensor_bytes(file, t)?;
+    let input = input_rows(&bytes, t)?;
     let advance = |n: u64| progress(Progress::Advance(n));
     let job = EncodeJob {
         keep_output,
@@ -355,6 +414,82 @@ fn encode_one(
         advance: &advance,
     };
     encode_tensor(&input, &t.encoder, &job)
+}
+
+/// The raw bytes of tensor `t` of the input: borrowed from a GGUF's map, or converted from a
+/// checkpoint's tensor.
+fn tensor_bytes<'f>(
+    file: &'f source::InputModel,
+    t: &plan::TensorPlan,
+) -> Result<std::borrow::Cow<'f, [u8]>, QuantizeError> {
+    file.tensor_bytes(t.name())
+        .map_err(|e| QuantizeError::Codec {
+            tensor: t.name().to_string(),
+            msg: e.to_string(),
+        })
+}
+
+/// The rows of tensor `t` in its raw `bytes`.
+fn input_rows<'b>(bytes: &'b [u8], t: &plan::TensorPlan) -> Result<InputRows<'b>, QuantizeError> {
+    let row_bytes = t
+        .in_ty
+        .row_bytes(t.encoder.k as u64)
+        .ok_or_else(|| QuantizeError::NoRule {
+            tensor: t.name().to_string(),
+            k: t.encoder.k as u64,
+            why: format!("not a whole number of {} blocks", t.in_ty.name()),
+        })? as usize;
+    Ok(InputRows {
+        bytes,
+        ty: t.in_ty,
+        row_bytes,
+        rows: t.rows as usize,
+    })
+}
+
+/// The calibrated method in force (`None` for `ref`), with the calibration token count and
+/// text hash when calibration text was run. Errors if the method needs data it was not given.
+fn prepare_calibration(
+    opts: &QuantizeOptions,
+    plan: &plan::ModelPlan,
+    importance: Option<&imatrix::Importance>,
+    threads: usize,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    cancel: &AtomicBool,
+) -> Result<Option<(calibrated::CalibRun, usize, Option<String>)>, QuantizeError> {
+    let method = opts.method.unwrap_or(if opts.calib.is_some() {
+        Method::Gptq
+    } else {
+        Method::Ref
+    });
+    let need = |why: &str| QuantizeError::Calibration {
+        path: opts.input.clone(),
+        why: format!("--method {} {why}", method.name()),
+    };
+    match (method, &opts.calib, importance) {
+        (Method::Ref, _, _) => return Ok(None),
+        (Method::Gptq, None, _) => return Err(need("needs calibration text (--calib)")),
+        (Method::Imatrix, None, None) => return Err(need("needs --calib TEXT or --imatrix FILE")),
+        _ => {}
+    }
+    let Some(c) = &opts.calib else {
+        let run = calibrated::CalibRun::new(method, None, importance.cloned(), plan.rotation, 0.0);
+        return Ok(Some((run, 0, None)));
+    };
+    let (tokens, hash) = calib::tokenize_file(&opts.input, &c.text, c.max_tokens)?;
+    let cfg = calib::CalibConfig {
+        ctx: c.ctx,
+        max_chunks: None,
+        threads,
+        rotation: plan.rotation,
+        gram: method == Method::Gptq,
+        gram_only: None,
+    };
+    let report = |done: usize, total: usize| progress(Progress::Calib { done, total });
+    let stats = calib::collect(&opts.input, &tokens, &cfg, &report, cancel)?;
+    let n = stats.tokens;
+    let run = calibrated::CalibRun::new(method, Some(stats), None, plan.rotation, c.damp);
+    Ok(Some((run, n, Some(hash))))
 }
 
 /// Measures and fixes the type of every tensor whose K-quant cannot tile K

@@ -42,7 +42,16 @@ pub struct CpuBackend {
     pn_tiles: Mutex<[Option<TileActs>; 2]>,
     /// Input rows at or above which quantized rows are decoded once (see [`DECODE_ROWS_MIN`]).
     decode_rows_min: usize,
+    /// Called with every matmul's input before it runs (activation statistics for
+    /// calibration); `None` in normal use, where it costs one branch per matmul.
+    observer: Option<MatmulObserver>,
 }
+
+/// A matmul observer: `(weight names, input [rows, cols], rows, cols)`, called once per
+/// [`Backend::matmul`] call with the names of every weight that multiplies the same input (in
+/// the call's order). The input is what the weights see: Hadamard-rotated for rotated PN
+/// weights, as given otherwise.
+pub type MatmulObserver = std::sync::Arc<dyn Fn(&[&str], &[f32], usize, usize) + Send + Sync>;
 
 /// A raw pointer that may be shared with the pool's threads (each writes a disjoint part).
 #[derive(Clone, Copy)]
@@ -79,7 +88,13 @@ impl CpuBackend {
             pn_acts: Mutex::new([Vec::new(), Vec::new()]),
             pn_tiles: Mutex::new([None, None]),
             decode_rows_min: DECODE_ROWS_MIN,
+            observer: None,
         }
+    }
+
+    /// Installs (or with `None` removes) the observer every matmul input is shown to first.
+    pub fn set_matmul_observer(&mut self, observer: Option<MatmulObserver>) {
+        self.observer = observer;
     }
 
     /// Sets the input-row count from which quantized matrix rows are decoded to f32 once and
@@ -244,6 +259,19 @@ impl Backend for CpuBackend {
         rows: usize,
         outs: &mut [(&CpuWeight, &mut Vec<f32>)],
     ) -> Result<(), ModelError> {
+        if let (Some(obs), Some((w0, _))) = (&self.observer, outs.first()) {
+            let cols = w0.cols;
+            if x.len() >= rows * cols {
+                // At most 8 names (the backend's grouping limit); more are reported in turn.
+                for group in outs.chunks(8) {
+                    let mut names = [""; 8];
+                    for (n, (w, _)) in names.iter_mut().zip(group) {
+                        *n = w.name();
+                    }
+                    obs(&names[..group.len()], &x[..rows * cols], rows, cols);
+                }
+            }
+        }
         self.matmul_outputs(x, rows, outs)
     }
 

@@ -10,6 +10,7 @@ mod demo;
 mod engine_args;
 mod eval_kl;
 mod grammar_args;
+mod imatrix;
 mod inputs;
 mod inspect;
 mod kl_file;
@@ -58,6 +59,8 @@ enum Command {
     Quantize(quantize::Args),
     /// Convert a Hugging Face Qwen3.5 checkpoint folder to a qwen35 GGUF (as llama.cpp's converter).
     Convert(convert::Args),
+    /// Collect llama.cpp-style importance matrices (activation statistics) over a text.
+    Imatrix(imatrix::Args),
     /// Compare a quantized model with its base: mean/p99 KL, top-1 agreement, perplexity.
     EvalKl(eval_kl::Args),
     /// Print the token ids of a text as a JSON array.
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Imatrix(args) => imatrix::run(args),
         Command::EvalKl(args) => eval_kl::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Template(args) => template::run(args),

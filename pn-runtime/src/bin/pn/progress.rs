@@ -1,5 +1,5 @@
-//! The terminal progress bar of the long-running commands (`pn convert`; the same style as
-//! `pn quantize`'s): phase, bytes done of the total, rate, ETA, and the current tensor.
+//! The terminal progress bar of the long-running commands (`pn convert`, `pn quantize`):
+//! phase, bytes done of the total, rate, ETA, and the current tensor (or calibration tokens).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::quantize::Progress;
@@ -31,6 +31,18 @@ pub fn update(bar: &Mutex<ProgressBar>, p: Progress<'_>) {
             b.set_length(total_bytes);
             b.set_position(0);
             b.reset_eta();
+        }
+        Progress::Calib { done, total } => {
+            if done == 0 {
+                b.set_prefix("calibrate");
+                b.set_length(total as u64);
+                b.set_position(0);
+                b.reset_eta();
+            } else {
+                b.set_position(done as u64);
+            }
+            let rate = b.per_sec();
+            b.set_message(format!("{done}/{total} tokens, {rate:.0} tokens/s"));
         }
         Progress::Tensor { name } => b.set_message(name.to_string()),
         Progress::Advance(n) => b.inc(n),

@@ -1,13 +1,13 @@
 //! `pn quantize IN.gguf OUT.gguf`: make a PN model (mix P0k+19, Hadamard-rotated) from an
 //! F32/F16/BF16/Q8_0 `qwen35` GGUF.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pn_runtime::quantize::{
-    quantize_model, FallbackPolicy, Mix, Progress, QuantizeError, QuantizeOptions, RotationChoice,
+    quantize_model, CalibInput, FallbackPolicy, Method, Mix, Progress, QuantizeError,
+    QuantizeOptions, RotationChoice,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Arguments of `pn quantize`.
 #[derive(clap::Args, Debug)]
@@ -51,6 +51,29 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// PN encoder: ref (the reference round to nearest, bit-exact), imatrix (importance-weighted
+    /// scale search; needs --calib or --imatrix), gptq (error feedback; needs --calib).
+    /// Default: gptq with --calib, else ref.
+    #[arg(long, value_parser = parse_method)]
+    pub method: Option<Method>,
+    /// Calibration text (UTF-8; tokenized with the input model's tokenizer) run through the
+    /// input model to collect each matrix's input statistics.
+    #[arg(long)]
+    pub calib: Option<PathBuf>,
+    /// Use at most this many calibration tokens.
+    #[arg(long, default_value_t = 16384)]
+    pub calib_tokens: usize,
+    /// Tokens per calibration chunk.
+    #[arg(long, default_value_t = 512)]
+    pub calib_ctx: usize,
+    /// GPTQ damping, relative to the mean of the Hessian's diagonal (0.1: GPTQ's usual 0.01
+    /// overfits a calibration set of a few thousand tokens).
+    #[arg(long, default_value_t = 0.1)]
+    pub damp: f64,
+}
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    Method::parse(s).ok_or_else(|| format!("unknown method `{s}` (expected ref, imatrix or gptq)"))
 }
 
 fn parse_fallback(s: &str) -> Result<FallbackPolicy, String> {
@@ -73,6 +96,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     opts.force = args.force;
     opts.report = args.report;
     opts.fallback = args.kquant_fallback;
+    opts.method = args.method;
+    opts.calib = args.calib.map(|text| CalibInput {
+        text,
+        max_tokens: Some(args.calib_tokens),
+        ctx: args.calib_ctx,
+        damp: args.damp,
+    });
 
     // Ctrl-C only raises a flag: the workers stop, the temporary file is removed, and the
     // error says so. A second Ctrl-C while unwinding is not needed: the flag is checked per row.
@@ -83,36 +113,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let _ = ctrlc::set_handler(move || c.store(true, Ordering::SeqCst));
     }
 
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>10} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {wide_msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    let bar = Mutex::new(bar);
-    let on_progress = |p: Progress<'_>| {
-        let Ok(b) = bar.lock() else { return };
-        match p {
-            Progress::Phase { label, total_bytes } => {
-                b.set_prefix(label.to_string());
-                b.set_length(total_bytes);
-                b.set_position(0);
-                b.reset_eta();
-            }
-            Progress::Tensor { name } => b.set_message(name.to_string()),
-            Progress::Advance(n) => b.inc(n),
-        }
-    };
+    let bar = crate::progress::bar(args.quiet);
+    let on_progress = |p: Progress<'_>| crate::progress::update(&bar, p);
     let result = quantize_model(&opts, &on_progress, &cancel);
-    if let Ok(b) = bar.lock() {
-        b.finish_and_clear();
-    }
+    crate::progress::finish(&bar);
     let summary = match result {
         Ok(s) => s,
         Err(QuantizeError::Interrupted) => return Err(Box::new(QuantizeError::Interrupted)),

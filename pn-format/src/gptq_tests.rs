@@ -1,0 +1,140 @@
+use super::*;
+use crate::{dequantize_row, quantize_row_ref, validate_row};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+}
+
+/// `n` correlated input rows `[n, k]`: a few shared factors plus noise, column scales varying
+/// (the structure real activations have and error feedback exploits).
+fn inputs(n: usize, k: usize, seed: u64) -> Vec<f32> {
+    // The loadings are the distribution (fixed); `seed` only draws the samples.
+    let mut lr = Rng(99);
+    let factors = 6;
+    let load: Vec<f64> = (0..factors * k).map(|_| lr.next()).collect();
+    let mut rng = Rng(seed);
+    let mut x = Vec::with_capacity(n * k);
+    for _ in 0..n {
+        let f: Vec<f64> = (0..factors).map(|_| rng.next() * 2.0).collect();
+        for j in 0..k {
+            let mut v = 0.3 * rng.next();
+            for (t, fv) in f.iter().enumerate() {
+                v += fv * load[t * k + j];
+            }
+            x.push((v * (1.0 + (j % 5) as f64)) as f32);
+        }
+    }
+    x
+}
+
+fn gram(x: &[f32], k: usize) -> Vec<f64> {
+    let mut h = vec![0f64; k * k];
+    for row in x.chunks_exact(k) {
+        for i in 0..k {
+            for j in 0..k {
+                h[i * k + j] += f64::from(row[i]) * f64::from(row[j]);
+            }
+        }
+    }
+    h
+}
+
+fn decode(ty: PnType, q: &[u8], k: usize) -> Vec<f32> {
+    let rb = k / ty.weights_per_block() * BLOCK_BYTES;
+    let mut d = vec![0f32; q.len() / rb * k];
+    for (src, dst) in q.chunks_exact(rb).zip(d.chunks_exact_mut(k)) {
+        dst.copy_from_slice(&{
+            let mut v = vec![0f32; k];
+            dequantize_row(ty, src, &mut v).unwrap();
+            v
+        });
+    }
+    d
+}
+
+#[test]
+fn factor_inverts_the_damped_hessian() {
+    let k = 48;
+    let h = gram(&inputs(200, k, 3), k);
+    let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
+    // U^T U (H + damp I) = I.
+    let mut hinv = vec![0f64; k * k];
+    for i in 0..k {
+        for j in 0..k {
+            hinv[i * k + j] = (0..k).map(|t| f.u[t * k + i] * f.u[t * k + j]).sum();
+        }
+    }
+    for i in 0..k {
+        for j in 0..k {
+            let p: f64 = (0..k)
+                .map(|t| hinv[i * k + t] * (h[t * k + j] + if t == j { f.damp() } else { 0.0 }))
+                .sum();
+            let want = if i == j { 1.0 } else { 0.0 };
+            assert!((p - want).abs() < 1e-8, "({i},{j}) = {p}");
+        }
+        for j in 0..i {
+            assert_eq!(f.u[i * k + j], 0.0, "U is upper triangular");
+        }
+    }
+}
+
+/// On held-out inputs of the same distribution, error feedback has less output error than the
+/// reference's round to nearest, for both types; the blocks are valid and the result does not
+/// depend on how rows are split.
+#[test]
+fn gptq_beats_reference_on_held_out_inputs() {
+    for ty in PnType::ALL {
+        let k = ty.weights_per_block() * 4;
+        let rows = 24;
+        let calib = inputs(400, k, 5);
+        let held = inputs(400, k, 77);
+        let h = gram(&calib, k);
+        let hv = gram(&held, k);
+        let mut rng = Rng(8);
+        let w: Vec<f32> = (0..rows * k).map(|_| (rng.next() * 0.1) as f32).collect();
+        let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
+        let rb = k / ty.weights_per_block() * BLOCK_BYTES;
+        let mut q = vec![0u8; rows * rb];
+        quantize_rows_gptq(ty, &f, &w, &mut q).unwrap();
+        for r in q.chunks_exact(rb) {
+            validate_row(ty, r).unwrap();
+        }
+        let mut qr = Vec::new();
+        for row in w.chunks_exact(k) {
+            qr.extend(quantize_row_ref(ty, row).unwrap());
+        }
+        let eg = hessian_error(&hv, k, &w, &decode(ty, &q, k));
+        let er = hessian_error(&hv, k, &w, &decode(ty, &qr, k));
+        assert!(eg < 0.8 * er, "{ty}: gptq {eg} vs ref {er}");
+        // Two halves quantized separately give the same bytes.
+        let mut q2 = vec![0u8; rows * rb];
+        let (a, b) = q2.split_at_mut(rows / 2 * rb);
+        quantize_rows_gptq(ty, &f, &w[..rows / 2 * k], a).unwrap();
+        quantize_rows_gptq(ty, &f, &w[rows / 2 * k..], b).unwrap();
+        assert_eq!(q, q2, "{ty}: row split changed the bytes");
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let k = 80;
+    let h = gram(&inputs(100, k, 1), k);
+    let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
+    let mut w = vec![0.01f32; 2 * k];
+    w[k + 5] = f32::INFINITY;
+    let mut out = vec![0u8; 2 * BLOCK_BYTES];
+    let e = quantize_rows_gptq(PnType::Pn3t, &f, &w, &mut out).unwrap_err();
+    assert!(e.to_string().contains("row 1"), "{e}");
+    assert!(GptqFactor::new(&vec![0.0; k * k], k, DEFAULT_DAMP).is_err());
+    assert!(GptqFactor::new(&h[1..], k, DEFAULT_DAMP).is_err());
+    // pn4t blocks do not tile 80 columns.
+    assert!(quantize_rows_gptq(PnType::Pn4t, &f, &w, &mut out).is_err());
+}
