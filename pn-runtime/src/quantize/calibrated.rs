@@ -143,27 +143,13 @@ pub fn encode_tensor(
         Ok(stats)
     };
     let run = &run;
-    let results: Vec<Result<ErrStats, QuantizeError>> = std::thread::scope(|s| {
+    let total = std::thread::scope(|s| {
         let handles: Vec<_> = per
             .into_iter()
             .map(|mine| s.spawn(move || run(mine)))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(QuantizeError::Codec {
-                        tensor: enc.tensor.clone(),
-                        msg: "worker thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    let mut total = ErrStats::default();
-    for r in results {
-        total.add(&r?);
-    }
+        super::parallel::join_stats(handles, &enc.tensor)
+    })?;
     Ok((out, total))
 }
 

@@ -51,7 +51,7 @@ pub fn encode_tensor(
     };
     let threads = job.threads.clamp(1, rows.max(1));
     let per = rows.div_ceil(threads).max(1);
-    let results: Vec<Result<ErrStats, QuantizeError>> = std::thread::scope(|s| {
+    let total = std::thread::scope(|s| {
         let mut handles = Vec::new();
         let mut rest: &mut [u8] = &mut out;
         let mut start = 0;
@@ -67,23 +67,28 @@ pub fn encode_tensor(
             handles.push(s.spawn(move || encode_range(input, enc, job, start, end, chunk)));
             start = end;
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(QuantizeError::Codec {
-                        tensor: enc.tensor.clone(),
-                        msg: "worker thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    let mut total = ErrStats::default();
-    for r in results {
-        total.add(&r?);
-    }
+        join_stats(handles, &enc.tensor)
+    })?;
     Ok((out, total))
+}
+
+/// Joins the workers encoding tensor `tensor` and sums their error statistics (the first
+/// error wins; a panicked worker is an error naming the tensor).
+pub(super) fn join_stats(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<ErrStats, QuantizeError>>>,
+    tensor: &str,
+) -> Result<ErrStats, QuantizeError> {
+    let mut total = ErrStats::default();
+    for h in handles {
+        let stats = h.join().unwrap_or_else(|_| {
+            Err(QuantizeError::Codec {
+                tensor: tensor.to_string(),
+                msg: "worker thread panicked".into(),
+            })
+        })?;
+        total.add(&stats);
+    }
+    Ok(total)
 }
 
 fn encode_range(

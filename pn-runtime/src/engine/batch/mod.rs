@@ -235,15 +235,7 @@ impl Batch {
             .ok_or(EngineError::BatchFull {
                 slots: self.slots(),
             })?;
-        self.add_tokens_to_slot(
-            slot,
-            NewSeq {
-                tokens,
-                params,
-                stop,
-                options,
-            },
-        )
+        self.add_to_slot_with(slot, Prompt::Tokens(tokens), params, stop, options)
     }
 
     /// [`add`](Self::add) in slot `slot`, which must be free.
@@ -267,18 +259,12 @@ impl Batch {
         options: SeqOptions,
     ) -> Result<SeqId> {
         let tokens = self.tokenize(prompt.into())?;
-        self.add_tokens_to_slot(
-            slot,
-            NewSeq {
-                tokens,
-                params,
-                stop,
-                options,
-            },
-        )
-    }
-
-    fn add_tokens_to_slot(&mut self, slot: usize, req: NewSeq) -> Result<SeqId> {
+        let req = NewSeq {
+            tokens,
+            params,
+            stop,
+            options,
+        };
         let id = self.core.add(slot, req)?;
         self.added += 1;
         self.last_used[slot] = self.added;
