@@ -138,3 +138,33 @@ fn bad_inputs_are_errors() {
     // pn4t blocks do not tile 80 columns.
     assert!(quantize_rows_gptq(PnType::Pn4t, &f, &w, &mut out).is_err());
 }
+
+/// Timing of the two costs of GPTQ at sizes from which the 27B shapes are extrapolated
+/// (factoring is O(k^3), the error-feedback pass O(rows k^2)); prints, asserts only that the
+/// output is valid. Slow: `cargo test --release -p pn-format --lib gptq_timing -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn gptq_timing_for_extrapolation() {
+    for &(k, rows) in &[(640usize, 512usize), (1280, 512), (2560, 256)] {
+        let x = inputs(2 * k, k, 7);
+        let h = gram(&x, k);
+        let t0 = std::time::Instant::now();
+        let f = GptqFactor::new(&h, k, 0.1).unwrap();
+        let tf = t0.elapsed().as_secs_f64();
+        let mut r = Rng(3);
+        let w: Vec<f32> = (0..rows * k).map(|_| r.next() as f32).collect();
+        let mut out = vec![0u8; rows * k / 80 * BLOCK_BYTES];
+        let t1 = std::time::Instant::now();
+        quantize_rows_gptq(PnType::Pn3t, &f, &w, &mut out).unwrap();
+        let tq = t1.elapsed().as_secs_f64();
+        for row in out.chunks_exact(k / 80 * BLOCK_BYTES) {
+            validate_row(PnType::Pn3t, row).unwrap();
+        }
+        eprintln!(
+            "k {k}: factor {tf:.3} s ({:.3e} s/k^3), {rows} rows {tq:.3} s ({:.3e} s/(row k^2))",
+            tf / (k as f64).powi(3),
+            tq / (rows as f64 * (k as f64).powi(2))
+        );
+    }
+}

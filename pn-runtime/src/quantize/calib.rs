@@ -7,8 +7,9 @@
 //!   full Gram matrix `X^T X` in that basis (the GPTQ Hessian). Collecting after the rotation is
 //!   exact: `(X H)^T (X H) = H (X^T X) H` with nothing approximated.
 //!
-//! The activations are those of the model as given (for `pn quantize`: the unquantized input
-//! model), not of the partly quantized one.
+//! [`collect`] runs the model as given (one pass, every input at once); `pn quantize` streams
+//! layer by layer instead ([`super::stream`]), feeding each layer the output of the layers
+//! before it as already quantized.
 
 use super::error::QuantizeError;
 use qwen_model::cpu::MatmulObserver;
@@ -75,13 +76,24 @@ pub struct CalibStats {
 }
 
 impl CalibStats {
+    /// Empty statistics collecting what `cfg` asks for (its `ctx` is the chunk size).
+    pub(super) fn empty(cfg: &CalibConfig) -> CalibStats {
+        CalibStats {
+            chunk_size: cfg.ctx.max(1),
+            rotation: cfg.rotation,
+            want_gram: cfg.gram,
+            gram_only: cfg.gram_only.clone(),
+            ..CalibStats::default()
+        }
+    }
+
     /// The statistics of the input of weight `name`.
     pub fn get(&self, name: &str) -> Option<&InputStats> {
         self.by_name.get(name).map(|&i| &self.inputs[i])
     }
 
     /// Mirrors every Gram matrix's lower triangle into the upper one.
-    fn finish(&mut self) {
+    pub(super) fn finish(&mut self) {
         for s in &mut self.inputs {
             if let Some(g) = s.gram.as_mut() {
                 let k = s.k;
@@ -94,7 +106,14 @@ impl CalibStats {
         }
     }
 
-    fn observe(&mut self, names: &[&str], x: &[f32], rows: usize, k: usize, threads: usize) {
+    pub(super) fn observe(
+        &mut self,
+        names: &[&str],
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        threads: usize,
+    ) {
         let Some(first) = names.first() else { return };
         let idx = match self.by_name.get(*first) {
             Some(&i) => i,
@@ -186,6 +205,21 @@ fn accumulate_gram(g: &mut [f64], x: &[f64], rows: usize, k: usize, threads: usi
 /// Progress of a calibration run: tokens done of the total.
 pub type CalibProgress<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
+/// The chunks `tokens` runs as: whole chunks of `cfg.ctx` (a text shorter than one chunk is one
+/// short chunk), at most `cfg.max_chunks`; `None` when there is no token.
+pub(super) fn split_chunks<'t>(tokens: &'t [u32], cfg: &CalibConfig) -> Option<Vec<&'t [u32]>> {
+    let ctx = cfg.ctx.max(1);
+    let mut chunks: Vec<&[u32]> = if tokens.len() < ctx {
+        vec![tokens]
+    } else {
+        tokens.chunks_exact(ctx).collect()
+    };
+    if let Some(n) = cfg.max_chunks {
+        chunks.truncate(n.max(1));
+    }
+    (!chunks.iter().all(|c| c.is_empty())).then_some(chunks)
+}
+
 /// Runs the model at `model` over `tokens` in chunks of `cfg.ctx` and returns the statistics.
 /// Only whole chunks run (a text shorter than one chunk runs as one short chunk). `cancel`
 /// stops between chunks with [`QuantizeError::Interrupted`].
@@ -201,29 +235,13 @@ pub fn collect(
         why,
     };
     let ctx = cfg.ctx.max(1);
-    let mut chunks: Vec<&[u32]> = if tokens.len() < ctx {
-        vec![tokens]
-    } else {
-        tokens.chunks_exact(ctx).collect()
-    };
-    if let Some(n) = cfg.max_chunks {
-        chunks.truncate(n.max(1));
-    }
-    if chunks.iter().all(|c| c.is_empty()) {
-        return Err(err("no calibration tokens".into()));
-    }
+    let chunks = split_chunks(tokens, cfg).ok_or_else(|| err("no calibration tokens".into()))?;
     let threads = if cfg.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         cfg.threads
     };
-    let stats = Arc::new(Mutex::new(CalibStats {
-        chunk_size: ctx,
-        rotation: cfg.rotation,
-        want_gram: cfg.gram,
-        gram_only: cfg.gram_only.clone(),
-        ..CalibStats::default()
-    }));
+    let stats = Arc::new(Mutex::new(CalibStats::empty(cfg)));
     let sink = Arc::clone(&stats);
     let observer: MatmulObserver =
         Arc::new(move |names: &[&str], x: &[f32], rows: usize, k: usize| {

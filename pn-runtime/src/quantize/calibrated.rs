@@ -7,9 +7,11 @@
 //! Both decode every row, rotate it as the reference path does, and encode row ranges on
 //! several threads; rows are independent, so the bytes do not depend on the thread count.
 
+use super::calib::CalibStats;
 use super::codec::{decode_row, ErrStats, RowEncoder};
 use super::error::QuantizeError;
 use super::parallel::InputRows;
+use super::stream::{layer_of, LayerStream, StreamProgress};
 use pn_format::gptq::GptqFactor;
 use pn_format::PnType;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,12 +89,14 @@ pub struct Workers<'a> {
 const ROWS_PER_TASK: usize = 16;
 
 /// Encodes every row of a PN tensor with `how`; returns the bytes and the error sums (rotated
-/// basis, which has the original basis's norms).
+/// basis, which has the original basis's norms). With `hessian` (`[k, k]`, rotated basis) the
+/// weighted sums are the output error `e H e^T` and `w H w^T` per row (for `--report`).
 pub fn encode_tensor(
     input: &InputRows<'_>,
     enc: &RowEncoder,
     how: &Calibrated<'_>,
     workers: &Workers<'_>,
+    hessian: Option<&[f64]>,
 ) -> Result<(Vec<u8>, ErrStats), QuantizeError> {
     let Some(pn) = enc.target.pn() else {
         return Err(QuantizeError::Codec {
@@ -130,12 +134,16 @@ pub fn encode_tensor(
                 }
             }
             encode_rows(pn, how, &w, dst).map_err(|e| codec_err(enc, r0, e))?;
-            let mut d = vec![0f32; k];
+            let (mut d, zero) = (vec![0f32; k], vec![0f32; k]);
             for (i, (row, q)) in w.chunks_exact(k).zip(dst.chunks_exact(orb)).enumerate() {
                 pn_format::dequantize_row(pn, q, &mut d).map_err(|e| codec_err(enc, r0 + i, e))?;
                 for (&a, &b) in row.iter().zip(&d) {
                     stats.w2 += f64::from(a) * f64::from(a);
                     stats.e2 += (f64::from(a) - f64::from(b)).powi(2);
+                }
+                if let Some(h) = hessian.filter(|h| h.len() == k * k) {
+                    stats.e2_weighted += pn_format::gptq::hessian_error(h, k, row, &d);
+                    stats.w2_weighted += pn_format::gptq::hessian_error(h, k, row, &zero);
                 }
             }
             (workers.advance)((n * input.row_bytes) as u64);
@@ -186,95 +194,168 @@ fn codec_err(enc: &RowEncoder, row: usize, e: impl std::fmt::Display) -> Quantiz
 pub struct CalibRun {
     /// The method in force (never [`Method::Ref`] here).
     pub method: Method,
-    /// Statistics collected from `--calib` text, if given.
-    pub stats: Option<super::calib::CalibStats>,
+    /// The calibration tokens streamed layer by layer, from `--calib` text, if given.
+    pub stream: Option<LayerStream>,
     /// Original-basis importances from `--imatrix`, if given.
     pub imatrix: Option<super::imatrix::Importance>,
     /// The rotation of the PN tensors.
     pub rotation: Option<usize>,
     /// Relative GPTQ damping.
     pub damp: f64,
-    /// Factored Hessians by input index, with how many tensors still use each.
+    /// Measure each GPTQ tensor's Hessian-weighted error (`--report`).
+    pub report: bool,
+    /// Factored Hessians of the current layer by input index, with how many tensors still use
+    /// each.
     factors: std::collections::HashMap<usize, (std::sync::Arc<GptqFactor>, usize)>,
+    /// The layer `factors` belong to.
+    factors_layer: Option<usize>,
 }
 
 impl CalibRun {
     /// A run with the given data (`factors` start empty).
     pub fn new(
         method: Method,
-        stats: Option<super::calib::CalibStats>,
+        stream: Option<LayerStream>,
         imatrix: Option<super::imatrix::Importance>,
         rotation: Option<usize>,
         damp: f64,
     ) -> CalibRun {
         CalibRun {
             method,
-            stats,
+            stream,
             imatrix,
             rotation,
             damp,
+            report: false,
             factors: Default::default(),
+            factors_layer: None,
         }
     }
 
     /// Encodes PN tensor `enc` with the run's method, or `None` when there is no calibration
-    /// data for it (e.g. `token_embd`, which is no matmul input): the caller uses the reference.
+    /// data for it (e.g. `token_embd`, which is no matmul input, or the MTP block, which the
+    /// trunk's calibration pass does not run): the caller uses the reference. With streamed
+    /// calibration, tensors must come in layer order; `on_layer` reports the layer passes.
     pub fn encode(
         &mut self,
         input: &InputRows<'_>,
         enc: &RowEncoder,
         workers: &Workers<'_>,
+        on_layer: StreamProgress<'_>,
     ) -> Result<Option<(Vec<u8>, ErrStats)>, QuantizeError> {
         let name = enc.tensor.as_str();
-        match self.method {
-            Method::Ref => Ok(None),
-            Method::Imatrix => {
-                let imp = match (&self.stats, &self.imatrix) {
-                    (Some(s), _) => s.get(name).and_then(|i| {
-                        let c = i.count.max(1) as f64;
-                        i.rot_sum2
-                            .as_ref()
-                            .or(self.rotation.is_none().then_some(&i.sum2))
-                            .map(|v| v.iter().map(|&x| (x / c) as f32).collect::<Vec<f32>>())
-                    }),
-                    (None, Some(m)) => m.get(name).map(|v| rotated_importance(v, self.rotation)),
-                    (None, None) => None,
-                };
-                let Some(imp) = imp.filter(|v| v.len() == enc.k) else {
-                    return Ok(None);
-                };
-                encode_tensor(input, enc, &Calibrated::Weights(&imp), workers).map(Some)
-            }
-            Method::Gptq => {
-                let Some(stats) = &self.stats else {
-                    return Ok(None);
-                };
-                let Some(&idx) = stats.by_name.get(name) else {
-                    return Ok(None);
-                };
-                let st = &stats.inputs[idx];
-                let Some(h) = st.gram.as_ref().filter(|_| st.k == enc.k) else {
-                    return Ok(None);
-                };
-                let entry = match self.factors.remove(&idx) {
-                    Some(e) => e,
-                    None => {
-                        let f = GptqFactor::new(h, st.k, self.damp).map_err(|e| {
-                            QuantizeError::Codec {
-                                tensor: name.to_string(),
-                                msg: format!("GPTQ Hessian of its input: {e}"),
-                            }
-                        })?;
-                        (std::sync::Arc::new(f), st.names.len())
-                    }
-                };
-                let r = encode_tensor(input, enc, &Calibrated::Gptq(&entry.0), workers)?;
-                // Keep the factor until every weight sharing the input is done.
-                if entry.1 > 1 {
-                    self.factors.insert(idx, (entry.0, entry.1 - 1));
-                }
-                Ok(Some(r))
-            }
+        if self.method == Method::Ref {
+            return Ok(None);
         }
+        let layer =
+            layer_of(name).filter(|&l| self.stream.as_ref().is_some_and(|s| l < s.n_layers()));
+        let done = {
+            let stats: Option<&CalibStats> = match (self.stream.as_mut(), layer) {
+                (Some(s), Some(l)) => {
+                    if self.factors_layer != Some(l) {
+                        self.factors.clear();
+                        self.factors_layer = Some(l);
+                    }
+                    Some(s.stats_for(l, on_layer, workers.cancel)?)
+                }
+                _ => None,
+            };
+            match self.method {
+                Method::Ref => None,
+                Method::Imatrix => {
+                    let imp = match (stats, &self.imatrix) {
+                        (Some(s), _) => s.get(name).and_then(|i| {
+                            let c = i.count.max(1) as f64;
+                            i.rot_sum2
+                                .as_ref()
+                                .or(self.rotation.is_none().then_some(&i.sum2))
+                                .map(|v| v.iter().map(|&x| (x / c) as f32).collect::<Vec<f32>>())
+                        }),
+                        (None, Some(m)) => {
+                            m.get(name).map(|v| rotated_importance(v, self.rotation))
+                        }
+                        (None, None) => None,
+                    };
+                    match imp.filter(|v| v.len() == enc.k) {
+                        Some(imp) => Some(encode_tensor(
+                            input,
+                            enc,
+                            &Calibrated::Weights(&imp),
+                            workers,
+                            None,
+                        )?),
+                        None => None,
+                    }
+                }
+                Method::Gptq => match stats {
+                    Some(stats) => {
+                        let job = GptqJob {
+                            damp: self.damp,
+                            report: self.report,
+                            input,
+                            enc,
+                            workers,
+                        };
+                        gptq_encode(stats, &mut self.factors, &job)?
+                    }
+                    None => None,
+                },
+            }
+        };
+        if let (Some(s), Some(_), Some((bytes, _))) = (self.stream.as_mut(), layer, done.as_ref()) {
+            s.record(name, enc.target.ggml(), bytes.clone());
+        }
+        Ok(done)
     }
+}
+
+/// One tensor's GPTQ encoding: damping, whether to measure the Hessian-weighted error, the
+/// input rows, the encoder and the workers.
+struct GptqJob<'a> {
+    damp: f64,
+    report: bool,
+    input: &'a InputRows<'a>,
+    enc: &'a RowEncoder,
+    workers: &'a Workers<'a>,
+}
+
+/// GPTQ of `enc` against the Hessian of its input in `stats` (`None` when there is none),
+/// factoring it once for every weight that shares the input (`factors`, by input index).
+fn gptq_encode(
+    stats: &CalibStats,
+    factors: &mut std::collections::HashMap<usize, (std::sync::Arc<GptqFactor>, usize)>,
+    job: &GptqJob<'_>,
+) -> Result<Option<(Vec<u8>, ErrStats)>, QuantizeError> {
+    let GptqJob {
+        damp,
+        report,
+        input,
+        enc,
+        workers,
+    } = *job;
+    let name = enc.tensor.as_str();
+    let Some(&idx) = stats.by_name.get(name) else {
+        return Ok(None);
+    };
+    let st = &stats.inputs[idx];
+    let Some(h) = st.gram.as_ref().filter(|_| st.k == enc.k) else {
+        return Ok(None);
+    };
+    let entry = match factors.remove(&idx) {
+        Some(e) => e,
+        None => {
+            let f = GptqFactor::new(h, st.k, damp).map_err(|e| QuantizeError::Codec {
+                tensor: name.to_string(),
+                msg: format!("GPTQ Hessian of its input: {e}"),
+            })?;
+            (std::sync::Arc::new(f), st.names.len())
+        }
+    };
+    let hessian = report.then_some(h.as_slice());
+    let r = encode_tensor(input, enc, &Calibrated::Gptq(&entry.0), workers, hessian)?;
+    // Keep the factor until every weight sharing the input is done.
+    if entry.1 > 1 {
+        factors.insert(idx, (entry.0, entry.1 - 1));
+    }
+    Ok(Some(r))
 }

@@ -30,6 +30,7 @@ pub mod plan;
 pub mod rotation;
 pub mod source;
 mod spill;
+pub mod stream;
 pub mod summary;
 
 pub use calibrated::Method;
@@ -204,6 +205,9 @@ pub fn quantize_model(
     };
     let mut calib_run =
         prepare_calibration(opts, &plan, importance.as_ref(), threads, progress, cancel)?;
+    if calib_run.as_ref().is_some_and(|r| r.0.stream.is_some()) {
+        stream::order_by_layer(&mut plan.tensors, |t| t.name());
+    }
 
     let pass = Pass {
         file: &file,
@@ -328,7 +332,17 @@ pub fn quantize_model(
                     cancel,
                     advance: &advance,
                 };
-                run.encode(&input, &t.encoder, &workers)?
+                // Layer passes show in the tensor slot of the bar (its ETA counts bytes).
+                let on_layer = |done: usize, total: usize| {
+                    let what = if done % 2 == 1 { "float" } else { "quantized" };
+                    let name = format!(
+                        "layer {}/{}: {what} calibration pass done",
+                        done.div_ceil(2),
+                        total / 2
+                    );
+                    progress(Progress::Tensor { name: &name })
+                };
+                run.encode(&input, &t.encoder, &workers, &on_layer)?
             }
             _ => None,
         };
@@ -485,10 +499,11 @@ fn prepare_calibration(
         gram: method == Method::Gptq,
         gram_only: None,
     };
-    let report = |done: usize, total: usize| progress(Progress::Calib { done, total });
-    let stats = calib::collect(&opts.input, &tokens, &cfg, &report, cancel)?;
-    let n = stats.tokens;
-    let run = calibrated::CalibRun::new(method, Some(stats), None, plan.rotation, c.damp);
+    let _ = (progress, cancel);
+    let stream = stream::LayerStream::open(&opts.input, &tokens, &cfg, plan.rotation)?;
+    let n = stream.tokens();
+    let mut run = calibrated::CalibRun::new(method, Some(stream), None, plan.rotation, c.damp);
+    run.report = opts.report;
     Ok(Some((run, n, Some(hash))))
 }
 

@@ -176,8 +176,8 @@ impl QuantizeSummary {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<40} {:>6} {:>12} {:>12} {:>7}",
-            "tensor", "type", "rel_err", "rel_err_norot", "gain"
+            "{:<40} {:>6} {:>12} {:>12} {:>7} {:>12}",
+            "tensor", "type", "rel_err", "rel_err_norot", "gain", "weighted"
         );
         for t in &self.tensors {
             if t.role == Role::Vector {
@@ -186,17 +186,46 @@ impl QuantizeSummary {
             let rot = t.stats.rel();
             let norot = t.stats.rel_unrotated();
             let gain = if rot > 0.0 { norot / rot } else { 0.0 };
+            let weighted = if t.stats.w2_weighted > 0.0 {
+                format!("{:.4e}", t.stats.rel_weighted())
+            } else {
+                "-".into()
+            };
             let _ = writeln!(
                 s,
-                "{:<40} {:>6} {:>12.4e} {:>12.4e} {:>7.3}{}",
+                "{:<40} {:>6} {:>12.4e} {:>12.4e} {:>7.3} {:>12}{}",
                 t.name,
                 t.ty,
                 rot,
                 norot,
                 gain,
+                weighted,
                 if t.promoted { "  promoted" } else { "" }
             );
         }
+        let ranking = self.weighted_ranking();
+        if !ranking.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nranking by Hessian-weighted error tr(E H E^T) / tr(W H W^T) on the calibration inputs, worst first:"
+            );
+            for (i, (name, ty, rel)) in ranking.iter().enumerate() {
+                let _ = writeln!(s, "{:>4} {:<40} {:>6} {:.4e}", i + 1, name, ty, rel);
+            }
+        }
         s
+    }
+
+    /// The tensors with a Hessian-weighted error (GPTQ with `--report`), worst first: (name,
+    /// type, `tr(E H E^T) / tr(W H W^T)`). Ties go to the name.
+    pub fn weighted_ranking(&self) -> Vec<(String, &'static str, f64)> {
+        let mut v: Vec<(String, &'static str, f64)> = self
+            .tensors
+            .iter()
+            .filter(|t| t.stats.w2_weighted > 0.0)
+            .map(|t| (t.name.clone(), t.ty, t.stats.rel_weighted()))
+            .collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 }
