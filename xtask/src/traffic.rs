@@ -77,17 +77,21 @@ fn layer_launches(attn: bool) -> (u64, u64) {
     (ffn.0 + mixer.0, ffn.1 + mixer.1)
 }
 
-/// Checks the GEMV byte formula against the emulator on 27B row lengths; returns the lines to
-/// print.
-fn check_against_emulator() -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let mut lines = Vec::new();
-    let mut seed = 1u64;
-    let mut next = || {
+/// A seeded generator of values in [-0.5, 0.5) (an LCG: the model's test data needs no quality).
+pub(crate) fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-    };
+    }
+}
+
+/// Checks the GEMV byte formula against the emulator on 27B row lengths; returns the lines to
+/// print.
+fn check_against_emulator() -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut lines = Vec::new();
+    let mut next = uniform(1);
     for (bits, n, k) in [(3u32, 32usize, 5120usize), (4, 16, 6144), (4, 8, 17408)] {
         let ty = if bits == 3 {
             pn_format::PnType::Pn3t

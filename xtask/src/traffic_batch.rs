@@ -74,13 +74,7 @@ pub fn verify_pass(plan: &[(String, Vec<u64>, GgmlType)], t: usize, bw: f64) -> 
 /// tensor, x bytes = row groups x t x K x 2. Returns the line to print.
 pub fn check_batch_against_emulator(t: usize) -> Result<String, Box<dyn std::error::Error>> {
     let (n, k) = (16usize, 17408usize);
-    let mut seed = 7u64;
-    let mut next = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-    };
+    let mut next = crate::traffic::uniform(7);
     let wf: Vec<f32> = (0..n * k).map(|_| next()).collect();
     let w = pn_format::quantize_rows(pn_format::PnType::Pn4t, &wf, k, 1)?;
     let x: Vec<f32> = (0..t * k).map(|_| next()).collect();
