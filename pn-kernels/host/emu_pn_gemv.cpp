@@ -58,6 +58,45 @@ int pn_emu_pn_gemv(const char* name, const void* w, const float* x, const void* 
     return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
 }
 
+// The small-batch kernels pn{3,4}t_gemv_h2p_b{2..8} (x chunk of XP pairs per phase), and
+// pn_prepare_x_h2 on a grid of T blocks (one activation row each). Returns as pn_emu_pn_gemv.
+// The arguments in one struct (layout of BatchArgs in src/emu/batch.rs).
+struct PnBatchArgs {
+    const char* name;
+    const void* w;
+    const void* xh;
+    const int* e;
+    float* y;
+    int N, K, XP;
+    unsigned grid, threads, smem;
+};
+int pn_emu_pn_gemv_batch(const PnBatchArgs* a) {
+    const char* name = a->name;
+    const pn_u32* wp = (const pn_u32*)a->w;
+    const __half2* hp = (const __half2*)a->xh;
+    const int* e = a->e;
+    float* y = a->y;
+    const int N = a->N, K = a->K, XP = a->XP;
+    const unsigned grid = a->grid, threads = a->threads, smem = a->smem;
+    std::function<void()> body;
+    using namespace kpn;
+#define PN_EMU_B(bits, t)                                                                          \
+    else if (std::strcmp(name, "pn" #bits "t_gemv_h2p_b" #t) == 0) body = [&] {                    \
+        pn##bits##t_gemv_h2p_b##t(wp, hp, e, y, N, K, XP);                                         \
+    };
+    if (false) {
+    }
+    PN_EMU_B(3, 2) PN_EMU_B(3, 3) PN_EMU_B(3, 4) PN_EMU_B(3, 5) PN_EMU_B(3, 6) PN_EMU_B(3, 7) PN_EMU_B(3, 8)
+    PN_EMU_B(4, 2) PN_EMU_B(4, 3) PN_EMU_B(4, 4) PN_EMU_B(4, 5) PN_EMU_B(4, 6) PN_EMU_B(4, 7) PN_EMU_B(4, 8)
+    else return -2;
+#undef PN_EMU_B
+    return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
+}
+int pn_emu_pn_prepare_rows(const float* x, int K, int T, void* xh, int* e) {
+    std::function<void()> body = [&] { kpn::pn_prepare_x_h2(x, K, (__half2*)xh, e); };
+    return emu::launch3(EmuDim3{(unsigned)T, 1, 1}, 1024, 0, body) ? 0 : -1;
+}
+
 // quant_gemv.cu's kernels: type 0 f32, 1 f16, 2 q8_0, 3 q4_K. Returns as pn_emu_pn_gemv.
 int pn_emu_quant_gemv(int type, const void* w, const float* x, float* y, int N, int K, unsigned grid, unsigned threads,
                       unsigned smem) {

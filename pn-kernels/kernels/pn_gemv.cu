@@ -285,13 +285,126 @@ __device__ void pn_gemv_f32(const pn_u32* __restrict__ w, const float* __restric
     if (lane == 0) y[row] = acc;
 }
 
+// Small batch (T = 2..8 activation rows, the MTP verify and batched decode): each weight pair is
+// loaded and decoded once and applied to all T rows. Rows with an even block count only (every
+// 27B matrix); x prepared by pn_prepare_x_h2 with one block per row (xh: T rows of K fp16, row t
+// at t * K; e: T exponents), y: T rows of N (row t at t * N).
+//
+// As pn_gemv_h2_even with one weight row per warp: the block loops over row groups of nwarps
+// rows, and per 32-pair chunk each warp loads its row's contiguous 2176 bytes coalesced into its
+// tile, then lane l takes pair 32c + l at word stride 17. T rows of a whole row's x do not fit in
+// 48 KB (K = 17408, T = 8: 278 KB), so x is staged in K-chunks: per weight chunk, in 32 / XP
+// phases of XP pairs (XP = 32, 16, 8 or 4, as launch::pn_batch sizes it); in phase h, lanes
+// [h XP, (h+1) XP) have their pair's x of all T rows staged (row t, slot s at word
+// (t XP + s)(WEIGHTS + 1): lane stride WEIGHTS + 1, odd, no bank conflict) and compute. Lane l
+// sums the same pairs in the same order as the single-row kernel, with the same fp16/fp32 steps
+// per row (the code pairs n - z are exact, so computing them once for all rows changes no bit):
+// row t of the result equals the single-row kernel on row t of x, bit for bit.
+template <int BITS, int BLK, int T>
+PN_DEV void pn_block_dot_h2_batch(const pn_u32* p, PN_SPTR(const __half2) xs, int tstride, float* out) {
+    typedef PnTraits<BITS> TR;
+    pn_h2u zz;
+    zz.u = pn_zero_h2bits<BITS>();
+    float s[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) s[t] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const pn_u32 w = pn_pair_word(p, BLK, i);
+        __half2 d[TR::PAIRS];
+#pragma unroll
+        for (int j = 0; j < TR::PAIRS; ++j) {
+            pn_h2u c;
+            c.u = pn_code_pair_h2bits<BITS>(w, j);
+            d[j] = __hsub2(c.h, zz.h);
+        }
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            __half2 a = __float2half2_rn(0.0f);
+#pragma unroll
+            for (int j = 0; j < TR::PAIRS; ++j) a = __hfma2(d[j], xs[t * tstride + i * TR::PAIRS + j], a);
+            const float2 f = __half22float2(a);
+            s[t] = pn_add(s[t], pn_add(f.x, f.y));
+        }
+    }
+    const float sc = pn_f16_to_f32(pn_pair_scale_bits(p, BLK));
+#pragma unroll
+    for (int t = 0; t < T; ++t) out[t] = pn_mul(sc, s[t]);
+}
+
+template <int BITS, int T>
+__device__ void pn_gemv_h2_batch(const pn_u32* __restrict__ w, const __half2* __restrict__ xh, const int* __restrict__ e_in,
+                                 float* __restrict__ y, int N, int K, int XP) {
+    typedef PnTraits<BITS> TR;
+    PN_DYN_SMEM(pn_u32, smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int W1 = TR::WEIGHTS + 1, H = K / 2;
+    // Shared memory: the x chunk (T * XP * W1 words), then one 544-word weight tile per warp.
+    PN_SPTR(__half2) const xs = PN_SCAST(__half2, smem);
+    PN_SPTR(pn_u32) const tile = smem + T * XP * W1 + warp * PN_TILE_WORDS;
+    const int npairs = K / (2 * TR::WEIGHTS), nchunks = (npairs + 31) / 32, phases = 32 / XP;
+    const int chunk_words = T * XP * W1;
+    // Every warp runs every iteration (rows past N load zeros and write nothing): the x staging
+    // barriers need the whole block.
+    for (int g = blockIdx.x; g * nwarps < N; g += gridDim.x) {
+        const int row = g * nwarps + warp;
+        float acc[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+        for (int c = 0; c < nchunks; ++c) {
+            pn_u32 p[PN_PAIR_WORDS];
+            {
+                pn_u32 v[1][PN_PAIR_WORDS];
+                pn_load_chunk<1>(w, row, N, npairs, c, lane, v);
+                __syncwarp(); // the previous chunk's tile reads are done
+#pragma unroll
+                for (int m = 0; m < PN_PAIR_WORDS; ++m) tile[lane + 32 * m] = v[0][m];
+                __syncwarp();
+#pragma unroll
+                for (int i = 0; i < PN_PAIR_WORDS; ++i) p[i] = tile[lane * PN_PAIR_WORDS + i];
+            }
+            const int j = 32 * c + lane;
+            for (int h = 0; h < phases; ++h) {
+                __syncthreads(); // the previous phase's reads of xs are done
+                const int pair0 = 32 * c + h * XP;
+                for (int i = threadIdx.x; i < chunk_words; i += blockDim.x) {
+                    const int ts = i / W1, cc = i - ts * W1, t = ts / XP, hh = (pair0 + ts - t * XP) * TR::WEIGHTS + cc;
+                    if (cc == TR::WEIGHTS || hh >= H) continue;
+                    xs[i] = __ldg(xh + (pn_u64)t * H + hh);
+                }
+                __syncthreads();
+                const int s = lane - h * XP;
+                if (row < N && s >= 0 && s < XP && j < npairs) {
+                    PN_SPTR(const __half2) const xb = xs + s * W1;
+                    float b0[T], b1[T];
+                    pn_block_dot_h2_batch<BITS, 0, T>(p, xb, XP * W1, b0);
+                    pn_block_dot_h2_batch<BITS, 1, T>(p, xb + TR::WEIGHTS / 2, XP * W1, b1);
+#pragma unroll
+                    for (int t = 0; t < T; ++t) acc[t] = pn_add(acc[t], pn_add(b0[t], b1[t]));
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float s = pn_warp_sum(acc[t]);
+            // The exponent is read here, not held across the loops (registers: no spills).
+            if (lane == 0 && row < N) y[(pn_u64)t * N + row] = ldexpf(s, -__ldg(e_in + t));
+        }
+    }
+}
+
 #define PN_ARGS const pn_u32 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int N, int K
 #define PN_PARGS const pn_u32 *__restrict__ w, const __half2 *__restrict__ xh, const int *__restrict__ e, float *__restrict__ y, int N, int K
 extern "C" {
 // One block of 1024 threads: the staging of pn_stage_x_h2 done once, for every matrix that reads
 // the same activation: xh[i] = fp16(x * 2^e) as half2, *e_out = e.
+// With a grid of T blocks, block t converts row t (x + t K into xh + t K / 2, e_out[t]): the
+// prepared input of the small-batch kernels.
 __global__ void __launch_bounds__(1024) pn_prepare_x_h2(const float* __restrict__ x, int K, __half2* __restrict__ xh, int* __restrict__ e_out) {
     PN_SMEM(float, scratch, 32);
+    x += (pn_u64)blockIdx.x * K;
+    xh += (pn_u64)blockIdx.x * (K / 2);
+    e_out += blockIdx.x;
     float amax = 0.0f;
     for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(x[i]));
     amax = pn_block_max(amax, scratch);
@@ -318,4 +431,10 @@ __global__ void __launch_bounds__(256) pn3t_gemv_h2p_any(PN_PARGS) { pn_gemv_h2_
 __global__ void __launch_bounds__(256) pn4t_gemv_h2p_any(PN_PARGS) { pn_gemv_h2_any<4, true>(w, nullptr, xh, e, y, N, K); }
 __global__ void __launch_bounds__(256) pn3t_gemv_f32(PN_ARGS) { pn_gemv_f32<3>(w, x, y, N, K); }
 __global__ void __launch_bounds__(256) pn4t_gemv_f32(PN_ARGS) { pn_gemv_f32<4>(w, x, y, N, K); }
+#define PN_BARGS const pn_u32 *__restrict__ w, const __half2 *__restrict__ xh, const int *__restrict__ e, float *__restrict__ y, int N, int K, int XP
+#define PN_BATCH(bits, t) \
+    __global__ void __launch_bounds__(256, 1) pn##bits##t_gemv_h2p_b##t(PN_BARGS) { pn_gemv_h2_batch<bits, t>(w, xh, e, y, N, K, XP); }
+PN_BATCH(3, 2) PN_BATCH(3, 3) PN_BATCH(3, 4) PN_BATCH(3, 5) PN_BATCH(3, 6) PN_BATCH(3, 7) PN_BATCH(3, 8)
+PN_BATCH(4, 2) PN_BATCH(4, 3) PN_BATCH(4, 4) PN_BATCH(4, 5) PN_BATCH(4, 6) PN_BATCH(4, 7) PN_BATCH(4, 8)
+#undef PN_BATCH
 }

@@ -10,6 +10,9 @@
 use crate::launch::Launch;
 use std::ffi::{c_void, CString};
 
+mod batch;
+pub use batch::{pn_gemv_batch, pn_prepare_rows};
+
 /// Regions the counters split global loads by.
 pub mod region {
     /// Weights (the matrix of a GEMV).

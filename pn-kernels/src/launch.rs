@@ -119,6 +119,82 @@ pub fn q4_k(n: usize, k: usize) -> Option<Launch> {
     })
 }
 
+/// Largest activation batch of the small-batch PN kernels (`pn*_gemv_h2p_b2` .. `_b8`).
+pub const PN_BATCH_MAX_T: usize = 8;
+
+/// A launch of a small-batch PN kernel: the geometry, the activation rows, and the pairs of x
+/// staged per phase (`XP`, the kernel's last argument: 32 / `xp` phases per 32-pair chunk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLaunch {
+    /// Grid, threads, dynamic shared memory (x chunk + one weight tile per warp).
+    pub launch: Launch,
+    /// Activation rows (2..=8).
+    pub t: usize,
+    /// Pairs of blocks whose x (all `t` rows) one phase stages: 32, 16, 8 or 4.
+    pub xp: usize,
+}
+
+/// The small-batch PN kernel for `t` (2..=8) activation rows times `n` weight rows of `k`
+/// columns (`bits` 3 or 4): x prepared by `pn_prepare_x_h2` (one block per row). The widest x
+/// chunk (`xp` pairs) that leaves room for at least 4 warps' weight tiles, with up to 8 warps.
+/// Any `k` (x is staged in K-chunks). None when rows have an odd block count (the caller falls
+/// back to one single-row GEMV per activation row) or the shape is empty.
+pub fn pn_batch(bits: u32, t: usize, n: usize, k: usize) -> Option<BatchLaunch> {
+    let wpb = if bits == 3 { 80 } else { 64 };
+    if n == 0 || k == 0 || !k.is_multiple_of(2 * wpb) || !(3..=4).contains(&bits) {
+        return None;
+    }
+    if !(2..=PN_BATCH_MAX_T).contains(&t) || k > i32::MAX as usize || n > i32::MAX as usize {
+        return None;
+    }
+    let tile = 4 * PN_TILE_WORDS;
+    for xp in [32usize, 16, 8, 4] {
+        let stage = 4 * t * xp * (wpb + 1);
+        let warps = SMEM_LIMIT.saturating_sub(stage) / tile;
+        if warps >= 4 {
+            let warps = warps.min(8);
+            return Some(BatchLaunch {
+                launch: Launch {
+                    kernel: batch_name(bits, t),
+                    grid: n.div_ceil(warps).min(GEMV_MAX_GRID) as u32,
+                    threads: 32 * warps as u32,
+                    smem: (stage + warps * tile) as u32,
+                    rows_per_warp: 1,
+                },
+                t,
+                xp,
+            });
+        }
+    }
+    None
+}
+
+fn batch_name(bits: u32, t: usize) -> &'static str {
+    const P3: [&str; 7] = [
+        "pn3t_gemv_h2p_b2",
+        "pn3t_gemv_h2p_b3",
+        "pn3t_gemv_h2p_b4",
+        "pn3t_gemv_h2p_b5",
+        "pn3t_gemv_h2p_b6",
+        "pn3t_gemv_h2p_b7",
+        "pn3t_gemv_h2p_b8",
+    ];
+    const P4: [&str; 7] = [
+        "pn4t_gemv_h2p_b2",
+        "pn4t_gemv_h2p_b3",
+        "pn4t_gemv_h2p_b4",
+        "pn4t_gemv_h2p_b5",
+        "pn4t_gemv_h2p_b6",
+        "pn4t_gemv_h2p_b7",
+        "pn4t_gemv_h2p_b8",
+    ];
+    if bits == 3 {
+        P3[t - 2]
+    } else {
+        P4[t - 2]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +219,29 @@ mod tests {
         assert!(pn_h2(4, 8, PN_H2_MAX_K + 64, false, None).is_none());
         assert!(pn_h2(3, 8, PN_H2_MAX_K + 80, false, None).is_none());
         assert_eq!(q4_k(248_320, 5120).unwrap().grid as usize, GEMV_MAX_GRID);
+    }
+
+    #[test]
+    fn the_small_batch_kernel_fits_every_27b_shape_and_batch() {
+        for (bits, n, k) in [
+            (3, 10240, 5120),
+            (4, 5120, 6144),
+            (4, 5120, 17408),
+            (4, 17408, 5120),
+        ] {
+            for t in 2..=PN_BATCH_MAX_T {
+                let b = pn_batch(bits, t, n, k).unwrap();
+                assert!(b.launch.smem as usize <= SMEM_LIMIT, "{b:?}");
+                assert!((128..=256).contains(&b.launch.threads), "{b:?}");
+                assert!(32 % b.xp == 0 && b.xp >= 4, "{b:?}");
+                assert!(b.launch.kernel.ends_with(&format!("_b{t}")), "{b:?}");
+            }
+            // The MTP verify (draft 2: 3 rows) keeps every lane busy (one phase).
+            assert_eq!(pn_batch(bits, 3, n, k).unwrap().xp, 32);
+        }
+        // Odd block counts and out-of-range batches are refused.
+        assert!(pn_batch(4, 2, 8, 64 * 3).is_none());
+        assert!(pn_batch(4, 1, 8, 5120).is_none());
+        assert!(pn_batch(4, 9, 8, 5120).is_none());
     }
 }

@@ -10,6 +10,7 @@ mod golden;
 mod quant_error;
 mod synth_model;
 mod traffic;
+mod traffic_batch;
 
 /// `cargo xtask`: developer tasks of the pn workspace.
 #[derive(Parser)]

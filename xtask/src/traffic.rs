@@ -77,17 +77,21 @@ fn layer_launches(attn: bool) -> (u64, u64) {
     (ffn.0 + mixer.0, ffn.1 + mixer.1)
 }
 
-/// Checks the GEMV byte formula against the emulator on 27B row lengths; returns the lines to
-/// print.
-fn check_against_emulator() -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let mut lines = Vec::new();
-    let mut seed = 1u64;
-    let mut next = || {
+/// A seeded generator of values in [-0.5, 0.5) (an LCG: the model's test data needs no quality).
+pub(crate) fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-    };
+    }
+}
+
+/// Checks the GEMV byte formula against the emulator on 27B row lengths; returns the lines to
+/// print.
+fn check_against_emulator() -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut lines = Vec::new();
+    let mut next = uniform(1);
     for (bits, n, k) in [(3u32, 32usize, 5120usize), (4, 16, 6144), (4, 8, 17408)] {
         let ty = if bits == 3 {
             pn_format::PnType::Pn3t
@@ -214,26 +218,74 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("  launches                     {l_now} today, {l_fused} with the modelled fusions (goal < 700)");
     let t = ms(dram);
     println!("  predicted P100 time          {t:.1} ms at {} GB/s = {:.1} tok/s (at 85% of peak: {:.1} tok/s)", args.bandwidth, 1e3 / t, 0.85e3 / t);
-    // MTP: one verify pass over 1 + draft rows (weights, KV and state read once by the
-    // small-batch GEMV; activations per row) plus `draft` passes of the MTP layer with the
-    // shared head; tokens per step 1 + a + a^2 + ...
-    let rows = 1 + args.draft as u64;
-    let verify = dram + (rows - 1) * (act + act_other);
+    // MTP: one verify pass over 1 + draft rows, then `draft` passes of the MTP layer (one row)
+    // with the shared head; tokens per step 1 + a + a^2 + ... The verify's PN matrices go
+    // through the small-batch GEMV (weights once, bounded by bandwidth or its ALU work,
+    // traffic_batch); the other matrices (Q4_K head, q8_0 alpha/beta, small f32) run one GEMV
+    // per row, so their bytes count `rows` times.
+    let rows = 1 + args.draft as usize;
+    let main_plan: Vec<_> = plan
+        .iter()
+        .filter(|(name, _, _)| !name.starts_with(&mtp_prefix) && name != "output.weight")
+        .cloned()
+        .collect();
+    let vp = crate::traffic_batch::verify_pass(&main_plan, rows, args.bandwidth);
+    let pn_main: u64 = main_plan
+        .iter()
+        .filter(|(_, d, ty)| d.len() == 2 && ty.is_pn())
+        .map(|(_, d, ty)| bytes_of(d, *ty))
+        .sum();
+    let r = rows as u64;
+    let other = r * (w_main - pn_main) + r * head + kv + 2 * state + r * (act + act_other);
+    let verify_bytes = vp.weight_bytes + other;
+    let verify_s = vp.seconds + other as f64 / (args.bandwidth * 1e9);
     let draft_pass = w_mtp + head + (act + act_other) / LAYERS;
-    let step = verify + args.draft as u64 * draft_pass;
+    let step_bytes = verify_bytes + args.draft as u64 * draft_pass;
+    let step_s = verify_s + args.draft as f64 * draft_pass as f64 / (args.bandwidth * 1e9);
     let tokens: f64 = (0..=args.draft)
         .map(|i| args.acceptance.powi(i as i32))
         .sum();
-    let tm = ms(step) / tokens;
+    // Launches: the verify issues the decode's sequence (pn_prepare_rows in place of
+    // pn_prepare_x) plus rows - 1 more head GEMVs; a draft pass one full-attention layer, the
+    // final norm, the head and its argmax.
+    let verify_launches = l_now + r - 1;
+    let draft_launches = layer_launches(true).0 + 3;
+    let step_launches = verify_launches + args.draft as u64 * draft_launches;
     println!(
-        "With MTP (draft {}, acceptance {}): step {:.3} GB (verify {:.3} + {} x draft {:.3}), {tokens:.4} tokens per step",
-        args.draft,
-        args.acceptance,
-        gb(step),
-        gb(verify),
-        args.draft,
-        gb(draft_pass)
+        "With MTP (draft {}, acceptance {}), verify of {rows} rows through the small-batch PN GEMV:",
+        args.draft, args.acceptance
     );
-    println!("  predicted P100 time          {tm:.1} ms per token = {:.1} tok/s (needs the small-batch PN GEMV for the verify)", 1e3 / tm);
+    println!(
+        "{}",
+        crate::traffic_batch::check_batch_against_emulator(rows)?
+    );
+    println!(
+        "  verify DRAM {:.3} GB (PN weights once {:.3}; head and non-PN weights x{rows}); x staged from L2 {:.3} GB",
+        gb(verify_bytes),
+        gb(vp.weight_bytes),
+        gb(vp.x_l2_bytes)
+    );
+    println!(
+        "  verify time {:.1} ms (PN GEMVs {:.1} ms, of which ALU-bound {:.1} ms if no overlap with memory)",
+        verify_s * 1e3,
+        vp.seconds * 1e3,
+        vp.alu_seconds * 1e3
+    );
+    println!(
+        "  step {:.3} GB (verify {:.3} + {} x draft {:.3}), {tokens:.4} tokens per step, {} launches per step = {:.0} per token",
+        gb(step_bytes),
+        gb(verify_bytes),
+        args.draft,
+        gb(draft_pass),
+        step_launches,
+        step_launches as f64 / tokens
+    );
+    let tm = step_s * 1e3 / tokens;
+    println!(
+        "  predicted P100 time          {tm:.1} ms per token = {:.1} tok/s (at 85% of peak: {:.1} tok/s); without MTP {t:.1} ms = {:.1} tok/s",
+        1e3 / tm,
+        0.85e3 / tm,
+        1e3 / t
+    );
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use super::{drv, Gpu, MatrixShape};
 use crate::error::{check, KernelError};
-use crate::launch::{self, Launch, PN_H2_MAX_K as H2_MAX_K};
+use crate::launch::{self, Launch, PN_BATCH_MAX_T, PN_H2_MAX_K as H2_MAX_K};
 use crate::types::{PnPrecision, WeightType};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
@@ -174,6 +174,101 @@ impl Gpu {
         b.arg(w).arg(xh).arg(e).arg(y).arg(&n_i).arg(&k_i);
         // SAFETY: (w, xh, e, y, N, K) as declared; lengths checked; geometry from launch::pn_h2.
         unsafe { b.launch(Self::cfg((l.grid, 1, 1), l.threads, l.smem)) }.map_err(drv(name))?;
+        Ok(())
+    }
+
+    /// Converts `t` activation rows (`x`: `t` rows of `k`, contiguous) for the small-batch
+    /// kernel: `xh` gets `t * k` fp16 values (row r at `r * k`, each row scaled by its own power
+    /// of two, the same bits as [`Gpu::pn_prepare_x`] on that row), `e[0..t)` the exponents.
+    /// One launch of `t` blocks.
+    pub fn pn_prepare_rows(
+        &self,
+        x: &CudaView<'_, f32>,
+        (t, k): (usize, usize),
+        xh: &mut CudaViewMut<'_, half::f16>,
+        e: &mut CudaViewMut<'_, i32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "pn_prepare_rows";
+        check(
+            k > 0
+                && k.is_multiple_of(16)
+                && k <= i32::MAX as usize
+                && (1..=PN_BATCH_MAX_T).contains(&t),
+            OP,
+            || format!("k = {k} must be a multiple of 16, t = {t} in 1..={PN_BATCH_MAX_T}"),
+        )?;
+        check(
+            x.len() >= t * k && xh.len() >= t * k && e.len() >= t,
+            OP,
+            || {
+                format!(
+                    "x has {}, xh {}, e {} for {t} rows of {k}",
+                    x.len(),
+                    xh.len(),
+                    e.len()
+                )
+            },
+        )?;
+        self.check_align(OP, "x", x, 8)?;
+        let f = self.func("pn_gemv", "pn_prepare_x_h2")?;
+        let k_i = k as i32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(&k_i).arg(xh).arg(e);
+        // SAFETY: (x, K, xh, e_out); block r reads x[r*k..), writes xh[r*k..) and e[r]: lengths
+        // checked for t rows.
+        unsafe { b.launch(Self::cfg((t as u32, 1, 1), 1024, 0)) }
+            .map_err(drv("pn_prepare_x_h2"))?;
+        Ok(())
+    }
+
+    /// `y[r*n..(r+1)*n) = W x_r` for the `t` (2..=8) activation rows that [`Gpu::pn_prepare_rows`]
+    /// converted (`xh`: `t * m.k` fp16, `e`: `t` exponents): the small-batch kernel, each weight
+    /// pair read and decoded once for all rows, row r bit-identical to
+    /// [`Gpu::pn_gemv_prepared`] on row r. Rows with an even block count (every 27B matrix);
+    /// others are refused ([`launch::pn_batch`]).
+    pub fn pn_gemv_batch(
+        &self,
+        m: MatrixShape,
+        t: usize,
+        w: &CudaView<'_, u8>,
+        (xh, e): (&CudaView<'_, half::f16>, &CudaView<'_, i32>),
+        y: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "pn_gemv_batch";
+        let (bits, _) = self.pn_check(OP, m, w, y.len())?;
+        let MatrixShape { n, k, .. } = m;
+        let l = launch::pn_batch(bits, t, n, k).ok_or_else(|| KernelError::Shape {
+            op: OP,
+            what: format!("t = {t} rows of k = {k}: the batch kernel needs t in 2..={PN_BATCH_MAX_T} and an even block count per row"),
+        })?;
+        check(
+            xh.len() >= t * k && e.len() >= t && y.len() >= t * n,
+            OP,
+            || {
+                format!(
+                    "xh has {}, e {}, y {} for {t} x {n} x {k}",
+                    xh.len(),
+                    e.len(),
+                    y.len()
+                )
+            },
+        )?;
+        self.check_align(OP, "xh", xh, 4)?;
+        let name = l.launch.kernel;
+        let f = self.func("pn_gemv", name)?;
+        let (n_i, k_i, xp_i) = (n as i32, k as i32, l.xp as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(w)
+            .arg(xh)
+            .arg(e)
+            .arg(y)
+            .arg(&n_i)
+            .arg(&k_i)
+            .arg(&xp_i);
+        // SAFETY: (w, xh, e, y, N, K, XP) as declared; lengths checked; geometry and shared
+        // memory (<= 48 KB) from launch::pn_batch.
+        let c = Self::cfg((l.launch.grid, 1, 1), l.launch.threads, l.launch.smem);
+        unsafe { b.launch(c) }.map_err(drv(name))?;
         Ok(())
     }
 }

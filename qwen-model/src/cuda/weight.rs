@@ -6,6 +6,7 @@ use super::{lock, view, view_mut, CudaBackend, CudaBuf, PN_H2_MAX_K};
 use crate::{ModelError, WeightSource};
 use gguf_io::GgmlType;
 use pn_kernels::cudarc::driver::CudaSlice;
+use pn_kernels::launch::{self, PN_BATCH_MAX_T};
 use pn_kernels::{MatrixShape, PnPrecision, RowStrides, WeightType};
 
 /// The kernel family's name for a stored type, or `None` when no kernel reads it.
@@ -158,7 +159,9 @@ impl CudaBackend {
     }
 
     /// `y = x W^T` for every `(W, y)` of `outs` over `rows` rows of `x` (one K for all):
-    /// matrix-vector kernels for one row, the matmul kernel for more.
+    /// matrix-vector kernels for one row; for 2..=8 rows (the MTP verify, batched decode) the
+    /// small-batch PN kernel (each weight read once for all rows) or one matrix-vector call per
+    /// row; the tiled matmul kernel for more.
     pub(super) fn try_matmul(
         &self,
         x: &CudaBuf,
@@ -180,33 +183,69 @@ impl CudaBackend {
         let pn_h2 = |w: &CudaWeight| {
             matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) && w.cols <= PN_H2_MAX_K
         };
-        // Decode: PN matrices share one fp16 conversion of x (same bits as converting per call).
+        let small = (2..=PN_BATCH_MAX_T).contains(&rows);
+        let pn_batch = |w: &CudaWeight| {
+            small && pn_bits(w.ty).is_some_and(|b| launch::pn_batch(b, rows, w.rows, k).is_some())
+        };
+        // Decode: PN matrices share one fp16 conversion of x (same bits as converting per call);
+        // a small batch converts its rows once (one launch of `rows` blocks) for every matrix.
         let mut guard = lock(&self.scratch);
         let sc = &mut *guard;
         let prepared = rows == 1 && outs.iter().any(|(w, _)| pn_h2(w));
-        if prepared {
-            let xh = self.grow(&mut sc.xh, PN_H2_MAX_K, "fp16 activations")?;
-            let e = self.grow(&mut sc.e, 1, "activation exponent")?;
-            let mut xhm = xh.slice_mut(0..k);
-            let mut em = e.slice_mut(0..1);
-            self.gpu.pn_prepare_x(&xv, k, &mut xhm, &mut em)?;
+        let batched = outs.iter().any(|(w, _)| pn_batch(w));
+        if prepared || batched {
+            let xh = self.grow(&mut sc.xh, PN_H2_MAX_K.max(rows * k), "fp16 activations")?;
+            let e = self.grow(&mut sc.e, PN_BATCH_MAX_T, "activation exponents")?;
+            let mut xhm = xh.slice_mut(0..rows * k);
+            let mut em = e.slice_mut(0..rows);
+            if prepared {
+                self.gpu.pn_prepare_x(&xv, k, &mut xhm, &mut em)?;
+            } else {
+                self.gpu
+                    .pn_prepare_rows(&xv, (rows, k), &mut xhm, &mut em)?;
+            }
         }
         for (w, y) in outs.iter_mut() {
             let n = w.rows;
             let mut yv = view_mut(OP, y, 0, rows * n)?;
             let wv = w.bytes.slice(..);
             let m = MatrixShape { ty: w.ty, n, k };
-            let r = if rows == 1 && w.ty != WeightType::Q3K {
-                if prepared && pn_h2(w) {
-                    let (Some(xh), Some(e)) = (sc.xh.as_ref(), sc.e.as_ref()) else {
-                        return Err(CudaError::driver(OP, "fp16 scratch missing"));
-                    };
-                    self.gpu
-                        .pn_gemv_prepared(m, &wv, &xh.slice(0..k), &e.slice(0..1), &mut yv)
-                } else if matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) {
-                    self.gpu.pn_gemv(m, PnPrecision::F32, &wv, &xv, &mut yv)
+            let ctx = |e: pn_kernels::KernelError| CudaError::Driver {
+                op: format!(
+                    "matmul `{}` ({n} x {k} {}, {rows} rows)",
+                    w.name,
+                    w.ty.name()
+                ),
+                msg: e.to_string(),
+            };
+            if (prepared && pn_h2(w)) || (batched && pn_batch(w)) {
+                let (Some(xh), Some(e)) = (sc.xh.as_ref(), sc.e.as_ref()) else {
+                    return Err(CudaError::driver(OP, "fp16 scratch missing"));
+                };
+                let (xh, e) = (xh.slice(0..rows * k), e.slice(0..rows));
+                if rows == 1 {
+                    self.gpu.pn_gemv_prepared(m, &wv, &xh, &e, &mut yv)
                 } else {
-                    self.gpu.gemv(m, &wv, &xv, &mut yv)
+                    self.gpu.pn_gemv_batch(m, rows, &wv, (&xh, &e), &mut yv)
+                }
+                .map_err(ctx)?;
+            } else if rows <= PN_BATCH_MAX_T && w.ty != WeightType::Q3K {
+                // One matrix-vector call per row (odd PN block counts, K beyond the half2
+                // kernels, stock types): still far fewer bytes than the 64-row tiles.
+                for r in 0..rows {
+                    let xr = view(OP, x, r * k, k)?;
+                    let mut yr = view_mut(OP, y, r * n, n)?;
+                    if pn_bits(w.ty).is_some() {
+                        let p = if w.cols <= PN_H2_MAX_K {
+                            PnPrecision::Half2
+                        } else {
+                            PnPrecision::F32
+                        };
+                        self.gpu.pn_gemv(m, p, &wv, &xr, &mut yr)
+                    } else {
+                        self.gpu.gemv(m, &wv, &xr, &mut yr)
+                    }
+                    .map_err(ctx)?;
                 }
             } else {
                 let strides = RowStrides {
@@ -214,19 +253,21 @@ impl CudaBackend {
                     x_stride: k,
                     y_stride: n,
                 };
-                self.gpu.matmul(m, &wv, &xv, &mut yv, strides)
-            };
-            r.map_err(|e| CudaError::Driver {
-                op: format!(
-                    "matmul `{}` ({} x {k} {}, {rows} rows)",
-                    w.name,
-                    n,
-                    w.ty.name()
-                ),
-                msg: e.to_string(),
-            })?;
+                self.gpu
+                    .matmul(m, &wv, &xv, &mut yv, strides)
+                    .map_err(ctx)?;
+            }
         }
         Ok(())
+    }
+}
+
+/// Code width of a PN type (3 or 4), `None` for the others.
+fn pn_bits(ty: WeightType) -> Option<u32> {
+    match ty {
+        WeightType::Pn3t => Some(3),
+        WeightType::Pn4t => Some(4),
+        _ => None,
     }
 }
 
