@@ -22,6 +22,7 @@ use std::time::Duration;
 
 #[path = "../../pn-format/benches/common/clock.rs"]
 mod clock;
+use clock::read_sum;
 
 const K: usize = 5120;
 
@@ -45,17 +46,6 @@ fn random_rows(ty: GgmlType, rows: usize, scale_bytes: &[usize]) -> Vec<u8> {
         }
     }
     out
-}
-
-/// Sums the bytes as u64 words (the read baseline; the same loop as pn-format's benches).
-fn read_sum(bytes: &[u8]) -> u64 {
-    let mut acc = [0u64; 8];
-    for c in bytes.chunks_exact(64) {
-        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
-        }
-    }
-    acc.iter().fold(0, |s, a| s.wrapping_add(*a))
 }
 
 fn modes() -> Vec<&'static str> {

@@ -17,10 +17,8 @@ use pn_format::{Isa, PnType, PreparedI16};
 use std::hint::black_box;
 use std::time::Duration;
 
-#[path = "common/clock.rs"]
-mod clock;
 mod common;
-use common::{random_weights, read_sum};
+use common::{clock, random_weights, read_sum};
 
 /// Working sets: `l2` (the first 1 MiB of rows: the kernel's compute ceiling, not a goal),
 /// `l3` (the whole matrix) and `dram` (a ring of copies).

@@ -1,5 +1,5 @@
-//! The matrix-vector bench harness shared by `pn-format/benches/pn_decode.rs` and
-//! `gguf-io/benches/decode_stock.rs` (included there by path): a ring of copies of one matrix
+//! The matrix-vector bench harness and the read baseline of the PN benches (through `common`),
+//! shared with `gguf-io/benches/decode_stock.rs` (included there by path): a ring of copies of one matrix
 //! (one copy: the working set stays in this CPU's L3; enough copies to pass 1 GiB: every pass
 //! reads DRAM), a byte-split over 1 or 2 threads, and a clock that is either wall time or the
 //! threads' own CPU time (`PN_BENCH_CLOCK=cpu`: on a shared, loaded machine the wall clock
@@ -67,4 +67,17 @@ pub fn run_split(
 /// Rows `[start, end)` of part `t` of `parts` of `rows` equal-sized rows (an even byte split).
 pub fn part(rows: usize, t: usize, parts: usize) -> (usize, usize) {
     (rows * t / parts, rows * (t + 1) / parts)
+}
+
+/// Sums the bytes as u64 words: the memory-read baseline (vectorises to full load bandwidth).
+pub fn read_sum(bytes: &[u8]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = bytes.chunks_exact(64);
+    for c in &mut chunks {
+        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+        }
+    }
+    let tail: u64 = chunks.remainder().iter().map(|&b| u64::from(b)).sum();
+    acc.iter().fold(tail, |s, a| s.wrapping_add(*a))
 }
