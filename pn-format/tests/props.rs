@@ -42,10 +42,10 @@ proptest! {
     #[test]
     fn simd_matches_scalar(
         ty in ty_strategy(),
-        nb in 1usize..40,
+        nb in 1usize..70,
         offset in 0usize..4,
         seed in any::<u64>(),
-        xs in prop::collection::vec(-100.0f32..100.0, 80 * 40),
+        xs in prop::collection::vec(-100.0f32..100.0, 80 * 70),
         zero_block in any::<bool>(),
     ) {
         let bpw = ty.weights_per_block();
@@ -70,6 +70,39 @@ proptest! {
             let q = dot_prepared_with(isa, ty, row, &pq).unwrap() as f64;
             prop_assert!((f - sf).abs() <= 2e-5 * mag + 1e-30, "{:?} f32 {} vs {}", isa, f, sf);
             prop_assert!((q - sq).abs() <= 2e-5 * mag + 1e-30, "{:?} i16 {} vs {}", isa, q, sq);
+        }
+    }
+
+    /// Blocks at the edges of the integer sums (every code at its maximum or minimum, activations
+    /// at +-32767 after quantization, largest and subnormal scales of both signs, reserved bits
+    /// set) across block counts on both sides of the kernels' 8- and 16-block groups.
+    #[test]
+    fn adversarial_blocks_match_scalar(
+        ty in ty_strategy(),
+        nb in prop::sample::select(vec![1usize, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63]),
+        word in prop::sample::select(vec![0u32, u32::MAX, 0x7fff_7fff, 0x5555_5555, 0xaaaa_aaaa]),
+        scale in prop::sample::select(vec![0x7bffu16, 0xfbff, 0x0001, 0x8001, 0x3c00, 0]),
+        alternate in any::<bool>(),
+        offset in 0usize..4,
+    ) {
+        let bpw = ty.weights_per_block();
+        let mut buf = vec![0u8; offset];
+        for _ in 0..nb {
+            buf.extend_from_slice(&scale.to_le_bytes());
+            for _ in 0..8 {
+                buf.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        let row = &buf[offset..];
+        let x: Vec<f32> = (0..nb * bpw)
+            .map(|i| if alternate && i % 2 == 1 { -3.5 } else { 3.5 })
+            .collect();
+        let mag = magnitude(ty, row, &x);
+        let pq = PreparedI16::new(ty, &x).unwrap();
+        let sq = dot_prepared_with(Isa::Scalar, ty, row, &pq).unwrap() as f64;
+        for isa in Isa::available() {
+            let q = dot_prepared_with(isa, ty, row, &pq).unwrap() as f64;
+            prop_assert!((q - sq).abs() <= 1e-6 * mag + 1e-30, "{:?} i16 {} vs {}", isa, q, sq);
         }
     }
 

@@ -27,6 +27,8 @@ mod q8;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
 mod x86_multi;
 #[cfg(target_arch = "x86_64")]
 mod x86_stock;

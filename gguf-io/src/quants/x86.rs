@@ -28,6 +28,7 @@ pub(crate) fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> Option<f32> {
             GgmlType::F32 => dot_f32(row, x),
             GgmlType::F16 if is_x86_feature_detected!("f16c") => dot_f16(row, x),
             GgmlType::Q8_0 => dot_q8_0_f32(row, x),
+            GgmlType::Q4K if super::x86_avx512::allowed() => super::x86_avx512::dot_q4k_f32(row, x),
             _ => match super::x86_stock::vec_dot_f32(ty, row, x) {
                 Some(v) => v,
                 None => blockwise_avx2(ty, row, x)?,
@@ -118,7 +119,10 @@ unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_q8_0_f32(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (b, xb) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
+    for (i, (b, xb)) in row.chunks_exact(34).zip(x.chunks_exact(32)).enumerate() {
+        // Prefetch 4 KiB ahead (see `x86_avx512`); `wrapping_add`: a prefetch never faults.
+        let ahead = row.as_ptr().wrapping_add(34 * i + 4096);
+        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
         let q = b.as_ptr().add(2);
         let mut s = _mm256_setzero_ps();
         for g in 0..4 {

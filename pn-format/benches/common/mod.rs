@@ -5,6 +5,12 @@ use pn_format::PnType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+// The matrix-vector harness and the read baseline (also included by gguf-io's decode bench).
+#[allow(dead_code)]
+#[path = "clock.rs"]
+pub mod clock;
+pub use clock::read_sum;
+
 /// `rows` rows of `k` weights of random valid blocks of type `ty` (pn3t's reserved bits clear).
 #[allow(dead_code)] // pn_dot makes its weights its own way
 pub fn random_weights(ty: PnType, rows: usize, k: usize) -> Vec<u8> {
@@ -20,17 +26,4 @@ pub fn random_weights(ty: PnType, rows: usize, k: usize) -> Vec<u8> {
         }
     }
     out
-}
-
-/// Sums the bytes as u64 words: the memory-read baseline (vectorises to full load bandwidth).
-pub fn read_sum(bytes: &[u8]) -> u64 {
-    let mut acc = [0u64; 8];
-    let mut chunks = bytes.chunks_exact(64);
-    for c in &mut chunks {
-        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
-        }
-    }
-    let tail: u64 = chunks.remainder().iter().map(|&b| u64::from(b)).sum();
-    acc.iter().fold(tail, |s, a| s.wrapping_add(*a))
 }
