@@ -501,13 +501,14 @@ pub fn elementwise(op: Elementwise<'_>, grid: u32) -> Result<EmuStats, EmuError>
     })
 }
 
-/// Values each block of `topk_partial_f32` takes (`TK_SLICE`).
+/// Values each block of `topk_partial_f32` takes (`TK_SLICE`; equals
+/// [`crate::launch::TOP_K_SLICE`], checked by the host tests).
 pub fn top_k_slice() -> usize {
     // SAFETY: returns a constant.
     unsafe { pn_emu_topk_slice() as usize }
 }
 
-/// Largest k of the top-k kernels (`TK_MAX`).
+/// Largest k of the top-k kernels (`TK_MAX`; equals [`crate::launch::TOP_K_MAX`]).
 pub fn top_k_max() -> usize {
     // SAFETY: returns a constant.
     unsafe { pn_emu_topk_max() as usize }
@@ -525,14 +526,17 @@ pub fn top_k(x: &[f32], k: usize) -> Result<(Vec<(i32, f32)>, EmuStats), EmuErro
     let g = x.len().div_ceil(top_k_slice());
     let (mut cv, mut ci) = (vec![f32::NAN; g * k], vec![i32::MIN; g * k]);
     let (mut ov, mut oi) = (vec![f32::NAN; k], vec![i32::MIN; k]);
+    // The row at an aligned address, as a device allocation is (the sector counts depend on it).
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let xa = Aligned::new(&bytes);
     let s = emu::counted(
         "top_k",
-        &[(emu::region::X, x.as_ptr().cast(), 4 * x.len())],
+        &[(emu::region::X, xa.as_ptr(), 4 * x.len())],
         || {
-            // SAFETY: x has n values; the candidates g * k, the outputs k.
+            // SAFETY: xa holds the n values of x; the candidates g * k, the outputs k.
             unsafe {
                 pn_emu_topk(
-                    x.as_ptr(),
+                    xa.as_ptr().cast(),
                     x.len() as i32,
                     k as i32,
                     cv.as_mut_ptr(),

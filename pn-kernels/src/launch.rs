@@ -28,6 +28,17 @@ pub fn grid_y_blocks(count: usize) -> u32 {
     count.clamp(1, GRID_Y_LIMIT) as u32
 }
 
+/// Largest k of the device top-k (`TK_MAX` in kernels/topk.cu).
+pub const TOP_K_MAX: usize = 64;
+/// Logits each block of `topk_partial_f32` takes (`TK_SLICE`).
+pub const TOP_K_SLICE: usize = 4096;
+
+/// Floats (and ints) of scratch the device top-k of `n` values needs: the `k` results first,
+/// then the `ceil(n / TOP_K_SLICE) * k` per-block candidates.
+pub fn top_k_scratch_len(n: usize, k: usize) -> usize {
+    k + n.div_ceil(TOP_K_SLICE) * k
+}
+
 /// One launch: kernel name, grid (x), threads per block, dynamic shared memory in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
