@@ -9,8 +9,6 @@
 mod common;
 
 use common::*;
-use gguf_io::{quants, GgmlType};
-use half::f16;
 use pn_kernels::emu::{self, AttnCall, KvGeom};
 use pn_kernels::emu_ops::{self, Elementwise, RopeCall};
 use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, WeightType};
@@ -32,58 +30,6 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f64) 
 
 fn silu(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
-}
-
-/// Dense f32 rows of a matrix through the CPU decoders.
-fn dequant(ty: WeightType, w: &[u8], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n * k];
-    match ty {
-        WeightType::Pn3t => {
-            pn_format::dequantize_row(pn_format::PnType::Pn3t, w, &mut out).unwrap()
-        }
-        WeightType::Pn4t => {
-            pn_format::dequantize_row(pn_format::PnType::Pn4t, w, &mut out).unwrap()
-        }
-        WeightType::F32 => {
-            for (o, b) in out.iter_mut().zip(w.chunks(4)) {
-                *o = f32::from_le_bytes(b.try_into().unwrap());
-            }
-        }
-        _ => {
-            let g = match ty {
-                WeightType::F16 => GgmlType::F16,
-                WeightType::Q8_0 => GgmlType::Q8_0,
-                WeightType::Q4K => GgmlType::Q4K,
-                _ => GgmlType::Q3K,
-            };
-            quants::dequantize_row(g, w, &mut out).unwrap()
-        }
-    }
-    out
-}
-
-/// A random matrix of `ty` (quantized from random floats by the CPU quantizers).
-fn random_weights(r: &mut rand::rngs::StdRng, ty: WeightType, n: usize, k: usize) -> Vec<u8> {
-    let x = random_vec(r, n * k, 1.0);
-    match ty {
-        WeightType::Pn3t => pn_format::quantize_rows(pn_format::PnType::Pn3t, &x, k, 1).unwrap(),
-        WeightType::Pn4t => pn_format::quantize_rows(pn_format::PnType::Pn4t, &x, k, 1).unwrap(),
-        WeightType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        WeightType::F16 => x
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        _ => {
-            let g = match ty {
-                WeightType::Q8_0 => GgmlType::Q8_0,
-                WeightType::Q4K => GgmlType::Q4K,
-                _ => GgmlType::Q3K,
-            };
-            let mut out = Vec::new();
-            quants::quantize_row(g, &x, &mut out).unwrap();
-            out
-        }
-    }
 }
 
 #[test]
