@@ -158,7 +158,12 @@ fn build_host_shim(manifest: &Path) {
         .flag_if_supported("-Wno-unknown-pragmas")
         .flag_if_supported("-Wno-clobbered")
         .warnings(true);
-    for f in ["emu_pn_gemv.cpp", "emu_norm.cpp", "emu_attention.cpp"] {
+    for f in [
+        "emu_pn_gemv.cpp",
+        "emu_norm.cpp",
+        "emu_attention.cpp",
+        "emu_ops.cpp",
+    ] {
         println!("cargo:rerun-if-changed=host/{f}");
         emu.file(manifest.join("host").join(f));
     }

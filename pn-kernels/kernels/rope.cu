@@ -5,17 +5,21 @@
 #include "common.cuh"
 
 extern "C" {
-// grid (n_heads, T), block n_rot/2 threads. Positions: pos[t] when pos is not null, else pos0 + t.
+// grid (n_heads, min(T, 65535)), block n_rot/2 threads; grid y strides over the T tokens (a
+// prefill chunk may pass the grid's y limit). Positions: pos[t] when pos is not null, else
+// pos0 + t.
 __global__ void rope_neox_f32(float* __restrict__ x, long long tok_stride, long long head_stride,
-                              const int* __restrict__ pos, int pos0, int n_rot, float base) {
+                              const int* __restrict__ pos, int pos0, int n_rot, float base, int n_tokens) {
     const int i = threadIdx.x, half = n_rot / 2;
     if (i >= half) return;
-    float* v = x + blockIdx.y * tok_stride + blockIdx.x * head_stride;
     const double inv_freq = pow((double)base, -2.0 * (double)i / (double)n_rot);
-    const double theta = (double)(pos ? pos[blockIdx.y] : pos0 + (int)blockIdx.y) * inv_freq;
-    const float c = (float)cos(theta), s = (float)sin(theta);
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = a * s + b * c;
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        float* v = x + (long long)t * tok_stride + (long long)blockIdx.x * head_stride;
+        const double theta = (double)(pos ? pos[t] : pos0 + t) * inv_freq;
+        const float c = (float)cos(theta), s = (float)sin(theta);
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = a * s + b * c;
+    }
 }
 }

@@ -199,7 +199,7 @@ extern "C" {
 
 /// Resets the counters, names the regions, runs `f` (one or more emulated launches), returns the
 /// counters.
-fn counted(
+pub(crate) fn counted(
     kernel: &str,
     regions: &[(usize, *const c_void, usize)],
     f: impl FnOnce() -> i32,
@@ -226,7 +226,7 @@ fn counted(
     }
 }
 
-fn need(kernel: &str, ok: bool, what: impl FnOnce() -> String) -> Result<(), EmuError> {
+pub(crate) fn need(kernel: &str, ok: bool, what: impl FnOnce() -> String) -> Result<(), EmuError> {
     if ok {
         Ok(())
     } else {
@@ -402,17 +402,17 @@ struct Line([u8; 128]);
 
 /// A copy of a weight tensor at a 128-byte aligned address, as a device allocation is (256):
 /// the sector counts depend on it.
-struct Aligned(Vec<Line>);
+pub(crate) struct Aligned(Vec<Line>);
 
 impl Aligned {
-    fn new(src: &[u8]) -> Self {
+    pub(crate) fn new(src: &[u8]) -> Self {
         let mut v = vec![Line([0; 128]); src.len().div_ceil(128).max(1)];
         for (line, c) in v.iter_mut().zip(src.chunks(128)) {
             line.0[..c.len()].copy_from_slice(c);
         }
         Aligned(v)
     }
-    fn as_ptr(&self) -> *const c_void {
+    pub(crate) fn as_ptr(&self) -> *const c_void {
         self.0.as_ptr().cast()
     }
 }

@@ -17,6 +17,28 @@ pub const PN_H2_MAX_K: usize = 23040;
 /// Longest row of the Q4_K GEMV: x as f32 in 48 KB of shared memory.
 pub const Q4K_MAX_K: usize = SMEM_LIMIT / 4;
 
+/// Most blocks a launch grid has along y (and z).
+pub const GRID_Y_LIMIT: usize = 65535;
+
+/// Blocks on grid y (or z) for a kernel that strides over `count` rows (tokens) with
+/// `for (t = blockIdx.y; t < count; t += gridDim.y)`: one block per row up to the grid limit
+/// (review finding 8: a 16,384-token prefill chunk times the KV heads, or any chunk past 65,535
+/// tokens, would otherwise fail to launch). At least 1.
+pub fn grid_y_blocks(count: usize) -> u32 {
+    count.clamp(1, GRID_Y_LIMIT) as u32
+}
+
+/// Largest k of the device top-k (`TK_MAX` in kernels/topk.cu).
+pub const TOP_K_MAX: usize = 64;
+/// Logits each block of `topk_partial_f32` takes (`TK_SLICE`).
+pub const TOP_K_SLICE: usize = 4096;
+
+/// Floats (and ints) of scratch the device top-k of `n` values needs: the `k` results first,
+/// then the `ceil(n / TOP_K_SLICE) * k` per-block candidates.
+pub fn top_k_scratch_len(n: usize, k: usize) -> usize {
+    k + n.div_ceil(TOP_K_SLICE) * k
+}
+
 /// One launch: kernel name, grid (x), threads per block, dynamic shared memory in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {

@@ -25,6 +25,8 @@
 mod embedded;
 #[doc(hidden)]
 pub mod emu;
+#[doc(hidden)]
+pub mod emu_ops;
 mod error;
 #[cfg(feature = "cuda")]
 mod gpu;

@@ -60,60 +60,6 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], tol: f64) 
     worst
 }
 
-/// Dense f32 rows of a quantized matrix through the CPU decoders.
-fn dequant(ty: WeightType, w: &[u8], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; n * k];
-    match ty {
-        WeightType::Pn3t => {
-            pn_format::dequantize_row(pn_format::PnType::Pn3t, w, &mut out).unwrap()
-        }
-        WeightType::Pn4t => {
-            pn_format::dequantize_row(pn_format::PnType::Pn4t, w, &mut out).unwrap()
-        }
-        WeightType::F32 => out.copy_from_slice(bytemuck_f32(w)),
-        _ => {
-            let g = match ty {
-                WeightType::F16 => GgmlType::F16,
-                WeightType::Q8_0 => GgmlType::Q8_0,
-                WeightType::Q4K => GgmlType::Q4K,
-                _ => GgmlType::Q3K,
-            };
-            quants::dequantize_row(g, w, &mut out).unwrap()
-        }
-    }
-    out
-}
-
-fn bytemuck_f32(b: &[u8]) -> &[f32] {
-    assert!(b.len().is_multiple_of(4) && (b.as_ptr() as usize).is_multiple_of(4));
-    // SAFETY: length and alignment checked; every bit pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 4) }
-}
-
-/// A random weight matrix of `ty` (quantized from random floats by the CPU quantizers).
-fn random_weights(r: &mut rand::rngs::StdRng, ty: WeightType, n: usize, k: usize) -> Vec<u8> {
-    let x = random_vec(r, n * k, 1.0);
-    match ty {
-        WeightType::Pn3t => pn_format::quantize_rows(pn_format::PnType::Pn3t, &x, k, 1).unwrap(),
-        WeightType::Pn4t => pn_format::quantize_rows(pn_format::PnType::Pn4t, &x, k, 1).unwrap(),
-        WeightType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        WeightType::F16 => x
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
-            .collect(),
-        _ => {
-            let g = match ty {
-                WeightType::Q8_0 => GgmlType::Q8_0,
-                WeightType::Q4K => GgmlType::Q4K,
-                _ => GgmlType::Q3K,
-            };
-            let mut out = Vec::new();
-            quants::quantize_row(g, &x, &mut out).unwrap();
-            out
-        }
-    }
-}
-
 fn matvec_ref(wd: &[f32], x: &[f32], n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
     let mut y = vec![0f64; n];
     let mut s = vec![0f64; n];

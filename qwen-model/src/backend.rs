@@ -374,6 +374,24 @@ pub trait Backend: Send + Sync {
     fn upload(&self, src: &[f32], dst: &mut Self::Buf, offset: usize) -> Result<(), ModelError>;
     /// Reads `dst.len()` floats from `src[offset..]` (after every enqueued op).
     fn download(&self, src: &Self::Buf, offset: usize, dst: &mut [f32]) -> Result<(), ModelError>;
+    /// The `k` best `(id, logit)` of the row `src[offset..offset + n]` into `out` (cleared
+    /// first), in the sampler's order ([`crate::topk::top_k_row`]: finite values only, higher
+    /// first, ties to the lower id): what decoding needs instead of the whole row (greedy:
+    /// `k = 1`). The default downloads the row and selects on the host; a device backend
+    /// overrides it to download only the `k` pairs.
+    fn top_k(
+        &self,
+        src: &Self::Buf,
+        offset: usize,
+        n: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<(), ModelError> {
+        let mut row = vec![0f32; n];
+        self.download(src, offset, &mut row)?;
+        *out = crate::topk::top_k_row(&row, k);
+        Ok(())
+    }
     /// Copies `len` floats `src[src_off..]` -> `dst[dst_off..]`.
     fn copy(
         &self,

@@ -38,6 +38,7 @@ pub mod cuda;
 mod error;
 mod model;
 pub mod state;
+pub mod topk;
 pub mod weights;
 
 pub use backend::{

@@ -104,7 +104,6 @@ impl Gpu {
             format!("context {n_ctx} exceeds the cache capacity {}", kv.cap)
         })?;
         self.check_cache(op, kc, vc, kv)?;
-        Self::check_grid_y(op, "query tokens", t_len)?;
         check(
             q_len >= (t_len - 1) * s.q_tok_stride + (n_head - 1) * s.q_head_stride + 256,
             op,
@@ -149,15 +148,21 @@ impl Gpu {
         let (mut part_o, mut part_ml) = scratch.split_at_mut(n_part);
         let fp = self.func("attention", T::PARTIAL_KERNEL)?;
         let a = AttnArgs::new(s);
-        let chunk_i = chunk as i32;
+        let (chunk_i, nt) = (chunk as i32, t_len as i32);
         let mut b = self.stream.launch_builder(fp);
         a.push(&mut b, q, kc, vc);
         b.arg(&chunk_i)
             .arg(&s.scale)
             .arg(&mut part_o)
-            .arg(&mut part_ml);
+            .arg(&mut part_ml)
+            .arg(&nt);
         let cfg = LaunchConfig {
-            grid_dim: (n_head as u32, n_split as u32, t_len as u32),
+            // Grid z strides over the query tokens (any count; 65535 blocks at most).
+            grid_dim: (
+                n_head as u32,
+                n_split as u32,
+                crate::launch::grid_y_blocks(t_len),
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -171,9 +176,10 @@ impl Gpu {
             .arg(&mut part_ml)
             .arg(&ns)
             .arg(o)
-            .arg(&ots);
+            .arg(&ots)
+            .arg(&nt);
         let cfg = LaunchConfig {
-            grid_dim: (n_head as u32, t_len as u32, 1),
+            grid_dim: (n_head as u32, crate::launch::grid_y_blocks(t_len), 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -227,7 +227,9 @@ impl Gpu {
                 kv.cap
             )
         })?;
-        Self::check_grid_y(OP, "tokens", t_len)?;
+        check(p0 + t_len <= i32::MAX as usize, OP, || {
+            format!("position {} past the kernels' 32-bit positions", p0 + t_len)
+        })?;
         let need = (t_len - 1) * tok_stride + kv.n_kv * 256;
         let v_len = v.as_ref().map_or(need, |(v, _)| v.len());
         check(k.len() >= need && v_len >= need, OP, || {
@@ -252,9 +254,11 @@ impl Gpu {
             Some((_, vc)) => b.arg(vc),
             None => b.arg(&null),
         };
-        b.arg(&ps).arg(&hs).arg(&p0_i);
+        let nt = t_len as i32;
+        b.arg(&ps).arg(&hs).arg(&p0_i).arg(&nt);
         let cfg = LaunchConfig {
-            grid_dim: (kv.n_kv as u32, t_len as u32, 1),
+            // Grid y strides over the tokens (any count; 65535 blocks at most).
+            grid_dim: (kv.n_kv as u32, crate::launch::grid_y_blocks(t_len), 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -25,6 +25,7 @@ mod norm;
 mod pn_gemv;
 mod quant_gemv;
 mod rope;
+mod topk;
 
 pub use attention::{AttnShape, SplitK};
 pub use delta_rule::DeltaRuleViews;

@@ -24,7 +24,6 @@ impl Gpu {
             || format!("n_rot = {n_rot}"),
         )?;
         Self::check_layout(OP, "x", x.len(), &xl, n_rot)?;
-        Self::check_grid_y(OP, "tokens", xl.tokens)?;
         if let Some(p) = pos {
             check(p.len() >= xl.tokens, OP, || {
                 format!("{} positions for {} tokens", p.len(), xl.tokens)
@@ -34,11 +33,12 @@ impl Gpu {
             format!("position {pos0} too large")
         })?;
         let f = self.func("rope", "rope_neox_f32")?;
-        let (ts, hs, p0, nr) = (
+        let (ts, hs, p0, nr, nt) = (
             xl.tok_stride as i64,
             xl.head_stride as i64,
             pos0 as i32,
             n_rot as i32,
+            xl.tokens as i32,
         );
         let null: u64 = 0;
         let mut b = self.stream.launch_builder(f);
@@ -47,9 +47,10 @@ impl Gpu {
             Some(p) => b.arg(p),
             None => b.arg(&null),
         };
-        b.arg(&p0).arg(&nr).arg(&base);
+        b.arg(&p0).arg(&nr).arg(&base).arg(&nt);
         let cfg = LaunchConfig {
-            grid_dim: (xl.heads as u32, xl.tokens as u32, 1),
+            // Grid y strides over the tokens (any count; 65535 blocks at most).
+            grid_dim: (xl.heads as u32, crate::launch::grid_y_blocks(xl.tokens), 1),
             block_dim: ((n_rot / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -278,3 +278,59 @@ pub fn activation_like(rng: &mut StdRng, k: usize) -> Vec<f32> {
     }
     x
 }
+
+/// Dense f32 rows of a matrix through the CPU decoders.
+pub fn dequant(ty: pn_kernels::WeightType, w: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n * k];
+    match ty {
+        pn_kernels::WeightType::Pn3t => {
+            pn_format::dequantize_row(pn_format::PnType::Pn3t, w, &mut out).unwrap()
+        }
+        pn_kernels::WeightType::Pn4t => {
+            pn_format::dequantize_row(pn_format::PnType::Pn4t, w, &mut out).unwrap()
+        }
+        pn_kernels::WeightType::F32 => {
+            for (o, b) in out.iter_mut().zip(w.chunks(4)) {
+                *o = f32::from_le_bytes(b.try_into().unwrap());
+            }
+        }
+        _ => {
+            let g = match ty {
+                pn_kernels::WeightType::F16 => gguf_io::GgmlType::F16,
+                pn_kernels::WeightType::Q8_0 => gguf_io::GgmlType::Q8_0,
+                pn_kernels::WeightType::Q4K => gguf_io::GgmlType::Q4K,
+                _ => gguf_io::GgmlType::Q3K,
+            };
+            gguf_io::quants::dequantize_row(g, w, &mut out).unwrap()
+        }
+    }
+    out
+}
+
+/// A random matrix of `ty` (quantized from random floats by the CPU quantizers).
+pub fn random_weights(r: &mut StdRng, ty: pn_kernels::WeightType, n: usize, k: usize) -> Vec<u8> {
+    let x = random_vec(r, n * k, 1.0);
+    match ty {
+        pn_kernels::WeightType::Pn3t => {
+            pn_format::quantize_rows(pn_format::PnType::Pn3t, &x, k, 1).unwrap()
+        }
+        pn_kernels::WeightType::Pn4t => {
+            pn_format::quantize_rows(pn_format::PnType::Pn4t, &x, k, 1).unwrap()
+        }
+        pn_kernels::WeightType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        pn_kernels::WeightType::F16 => x
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => {
+            let g = match ty {
+                pn_kernels::WeightType::Q8_0 => gguf_io::GgmlType::Q8_0,
+                pn_kernels::WeightType::Q4K => gguf_io::GgmlType::Q4K,
+                _ => gguf_io::GgmlType::Q3K,
+            };
+            let mut out = Vec::new();
+            gguf_io::quants::quantize_row(g, &x, &mut out).unwrap();
+            out
+        }
+    }
+}

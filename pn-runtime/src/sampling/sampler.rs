@@ -5,6 +5,8 @@ use super::rng::SplitMix64;
 use crate::constrain::Constraint;
 use std::collections::HashMap;
 
+mod candidates;
+
 /// How the next token is chosen. Neutral values switch a stage off.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -209,20 +211,23 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         match self.filter(logits, history) {
             Filtered::Token(id) => id,
-            Filtered::Candidates => {
-                let probs = softmax(&self.cand, self.params.temperature);
-                let u = self.rng.next_f64();
-                let mut cum = 0.0;
-                for (c, q) in self.cand.iter().zip(&probs) {
-                    cum += q;
-                    if u < cum {
-                        return c.0;
-                    }
-                }
-                // Rounding left the sum just below 1: the last candidate takes the rest.
-                self.cand.last().map(|c| c.0).unwrap_or(0)
+            Filtered::Candidates => self.draw_candidate(),
+        }
+    }
+
+    /// Draws from `self.cand` at the temperature (one random number).
+    fn draw_candidate(&mut self) -> u32 {
+        let probs = softmax(&self.cand, self.params.temperature);
+        let u = self.rng.next_f64();
+        let mut cum = 0.0;
+        for (c, q) in self.cand.iter().zip(&probs) {
+            cum += q;
+            if u < cum {
+                return c.0;
             }
         }
+        // Rounding left the sum just below 1: the last candidate takes the rest.
+        self.cand.last().map(|c| c.0).unwrap_or(0)
     }
 
     /// The distribution [`sample`](Self::sample) would draw from, after every stage (mask,
@@ -307,6 +312,13 @@ impl Sampler {
             self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             self.cand.truncate(p.top_k);
         }
+        self.top_p_min_p();
+        Filtered::Candidates
+    }
+
+    /// The top-p and min-p stages over `self.cand` (top-p sorts it best first).
+    fn top_p_min_p(&mut self) {
+        let p = &self.params;
         if p.top_p < 1.0 {
             self.cand.sort_unstable_by(by_logit_desc);
             let probs = softmax(&self.cand, 1.0);
@@ -331,7 +343,6 @@ impl Sampler {
             let floor = f64::from(max) + f64::from(p.min_p).ln();
             self.cand.retain(|c| f64::from(c.1) >= floor);
         }
-        Filtered::Candidates
     }
 
     fn fallback(&self, n: usize) -> u32 {

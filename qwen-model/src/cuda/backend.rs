@@ -46,6 +46,17 @@ impl Backend for CudaBackend {
         Ok(self.try_download(src, offset, dst)?)
     }
 
+    fn top_k(
+        &self,
+        src: &CudaBuf,
+        offset: usize,
+        n: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<(), ModelError> {
+        Ok(self.try_top_k(src, offset, (n, k), out)?)
+    }
+
     fn copy(
         &self,
         src: &CudaBuf,

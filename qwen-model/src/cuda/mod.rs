@@ -13,7 +13,7 @@
 //! Layout: this module (the backend, its scratch, activation buffers and copies); `kv.rs` (the
 //! KV cache types and their one element-type dispatch, cache writes); `weight.rs` (weights,
 //! embedding, matrix products); `attention.rs`; `gdn.rs` (conv1d, delta rule); `norms.rs`
-//! (norms, rotations, RoPE); `elementwise.rs`; `caps.rs` (what the kernels can run);
+//! (norms, rotations, RoPE); `elementwise.rs`; `topk.rs` (the device top-k of a logits row); `caps.rs` (what the kernels can run);
 //! `backend.rs` (the [`Backend`] impl, a thin adapter over the above); `memory.rs` (the plan).
 
 mod attention;
@@ -25,6 +25,7 @@ mod gdn;
 mod kv;
 mod memory;
 mod norms;
+mod topk;
 mod weight;
 
 pub use error::CudaError;
@@ -90,6 +91,9 @@ struct Scratch {
     xh: Option<CudaSlice<f16>>,
     e: Option<CudaSlice<i32>>,
     ids: Option<CudaSlice<i32>>,
+    /// The device top-k's results and candidates (`launch::top_k_scratch_len` each).
+    topk_v: Option<CudaSlice<f32>>,
+    topk_i: Option<CudaSlice<i32>>,
 }
 
 /// qwen-model's `Backend` on one CUDA device.
@@ -164,6 +168,8 @@ impl CudaBackend {
                 xh: None,
                 e: None,
                 ids: None,
+                topk_v: None,
+                topk_i: None,
             }),
         })
     }
