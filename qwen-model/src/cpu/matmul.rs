@@ -4,7 +4,7 @@
 //! go through 16 x 16 AMX tiles instead of the decode-once path (`pn_format::dot::matmul_tiled`).
 
 use super::weight::RowKind;
-use super::{kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
+use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
 use crate::error::ModelError;
 use pn_format::dot::tiled_pass_rows;
 use pn_format::dot::{PreparedI16, TileActs};
@@ -153,9 +153,10 @@ impl CpuBackend {
                 (true, RowKind::Pn(ty), Some(acts)) => {
                     matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
                 }
-                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => {
-                    self.with_scratch(p, w.cols, |buf| matmul_decoded(w, x, rows, *y, range, buf))
-                }
+                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
+                    .with_scratch(p, block_dot::ROWS * w.cols, |buf| {
+                        matmul_decoded(w, x, rows, *y, range, buf)
+                    }),
                 _ => matmul_direct(w, x, rows, *y, range),
             };
             if let Err(e) = r {
@@ -214,7 +215,11 @@ fn matmul_direct(
     Ok(())
 }
 
-/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs.
+/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs:
+/// [`block_dot::ROWS`] rows at a time (`buf` holds them, `ROWS x k`), against
+/// [`block_dot::INPUTS`] inputs per pass (each activation load serves every decoded row). The
+/// inputs in whole groups of 4 get `kernels::dot4`'s exact arithmetic (as before the blocking),
+/// the last `rows % 4` `kernels::dot`'s.
 fn matmul_decoded(
     w: &CpuWeight,
     x: &[f32],
@@ -223,24 +228,38 @@ fn matmul_decoded(
     range: std::ops::Range<usize>,
     buf: &mut [f32],
 ) -> Result<(), ModelError> {
+    use block_dot::{INPUTS, ROWS};
     let k = w.cols;
-    for r in range {
-        w.decode_row(r, buf)?;
-        let mut t = 0;
-        while t + 4 <= rows {
-            let xs = [0, 1, 2, 3].map(|j| &x[(t + j) * k..(t + j + 1) * k]);
-            let v = kernels::dot4(buf, xs);
-            for (j, &vj) in v.iter().enumerate() {
-                // SAFETY: as in `matmul_direct`.
-                unsafe { *y.get().add((t + j) * w.rows + r) = vj };
+    let grouped = rows / 4 * 4;
+    let mut r0 = range.start;
+    while r0 < range.end {
+        let nr = (range.end - r0).min(ROWS);
+        for i in 0..nr {
+            w.decode_row(r0 + i, &mut buf[i * k..(i + 1) * k])?;
+        }
+        // Short blocks repeat their last row or input: pairs are independent, so the repeats
+        // only cost time, and the full block keeps the fast kernel.
+        let wr: [&[f32]; ROWS] = std::array::from_fn(|i| &buf[i.min(nr - 1) * k..][..k]);
+        let mut out = [[0f32; INPUTS]; ROWS];
+        for t0 in (0..grouped).step_by(INPUTS) {
+            let nt = (grouped - t0).min(INPUTS);
+            let xs: [&[f32]; INPUTS] = std::array::from_fn(|j| &x[(t0 + j.min(nt - 1)) * k..][..k]);
+            block_dot::dot_block(&wr, &xs, &mut out);
+            for (i, oi) in out.iter().enumerate().take(nr) {
+                for (j, &v) in oi.iter().enumerate().take(nt) {
+                    // SAFETY: as in `matmul_direct`.
+                    unsafe { *y.get().add((t0 + j) * w.rows + r0 + i) = v };
+                }
             }
-            t += 4;
         }
-        for t in t..rows {
-            let v = kernels::dot(buf, &x[t * k..(t + 1) * k]);
-            // SAFETY: as in `matmul_direct`.
-            unsafe { *y.get().add(t * w.rows + r) = v };
+        for t in grouped..rows {
+            for (i, wi) in wr.iter().enumerate().take(nr) {
+                let v = kernels::dot(wi, &x[t * k..(t + 1) * k]);
+                // SAFETY: as in `matmul_direct`.
+                unsafe { *y.get().add(t * w.rows + r0 + i) = v };
+            }
         }
+        r0 += nr;
     }
     Ok(())
 }
