@@ -44,6 +44,10 @@ pub struct TileActs {
     pub(super) sx: Vec<f32>,
 }
 
+/// A parallel loop: `run(n, f)` calls `f(i)` once for every `i` in `0..n`, on any threads (see
+/// [`TileActs::update_with`]).
+pub type ParallelFor<'a> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'a;
+
 impl TileActs {
     /// Quantizes and arranges the `n` input rows of `x` (row-major, `n x k` with `k` a whole
     /// number of `ty` blocks). Non-finite values make their block's scale NaN (NaN results).
@@ -75,7 +79,7 @@ impl TileActs {
         x: &[f32],
         n: usize,
         parts: usize,
-        run: &(dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync),
+        run: &ParallelFor<'_>,
     ) -> Result<(), PnError> {
         let ty = self.ty;
         if n == 0 || !x.len().is_multiple_of(n) {
