@@ -180,18 +180,9 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                     let sx = _mm512_loadu_ps(acts.sx.as_ptr().add(gb * TILE));
                     let db = d.as_ptr().add(b * PASS);
                     for (r, fr) in f.iter_mut().enumerate() {
-                        let top = _mm512_load_si512(c[0].0.as_ptr().add(r * TILE) as *const _);
-                        let mid = _mm512_load_si512(c[1].0.as_ptr().add(r * TILE) as *const _);
-                        let low = _mm512_load_si512(c[2].0.as_ptr().add(r * TILE) as *const _);
-                        // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
-                        let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
-                        let v = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(top),
-                            _mm512_set1_ps(65536.0),
-                            _mm512_cvtepi32_ps(below),
-                        );
-                        let dsx = _mm512_mul_ps(_mm512_set1_ps(*db.add(r)), sx);
-                        *fr = _mm512_fmadd_ps(v, dsx, *fr);
+                        let at = r * TILE;
+                        let planes = [0, 1, 2].map(|p| c[p].0.as_ptr().add(at));
+                        *fr = accumulate(planes, *db.add(r), sx, *fr);
                     }
                 }
                 let mut vals = [0f32; TILE];
@@ -205,6 +196,22 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
         }
         asm!("tilerelease", options(nostack, nomem));
     });
+}
+
+/// `f + (65536 top + (256 mid + low)) * d * sx` for one weight row's 16 int32 block sums per
+/// byte plane of `q` (`planes`: top, middle, low; 64-byte aligned), its block scale `d` and the
+/// 16 inputs' scales `sx`.
+#[inline(always)]
+pub(super) unsafe fn accumulate(planes: [*const i32; 3], d: f32, sx: __m512, f: __m512) -> __m512 {
+    let [top, mid, low] = planes.map(|p| _mm512_load_si512(p as *const _));
+    // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
+    let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
+    let v = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(top),
+        _mm512_set1_ps(65536.0),
+        _mm512_cvtepi32_ps(below),
+    );
+    _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(d), sx), f)
 }
 
 /// Unpacks `nr <= pass` rows of `nb` blocks into `a` (`[block][row pass][kk]`, rows past `nr`

@@ -17,7 +17,7 @@
 //! The integer sums per block are the same as the one-tile kernel's (and the reference's), so
 //! the results are bit-identical to it: only the order of loads changes.
 
-use super::amx::{unpack, TileConfig, SCRATCH};
+use super::amx::{accumulate, unpack, TileConfig, SCRATCH};
 use super::tiles::{TileActs, TILE};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::asm;
@@ -239,18 +239,8 @@ unsafe fn kernel<const BITS: u32, const S: usize, const R: usize>(
                     for (i, fi) in f.iter_mut().enumerate().take(live) {
                         for (r, fr) in fi.iter_mut().enumerate() {
                             let at = r * TILE;
-                            let top = _mm512_load_si512(c.0[0][i].as_ptr().add(at) as *const _);
-                            let mid = _mm512_load_si512(c.0[1][i].as_ptr().add(at) as *const _);
-                            let low = _mm512_load_si512(c.0[2][i].as_ptr().add(at) as *const _);
-                            // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
-                            let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
-                            let v = _mm512_fmadd_ps(
-                                _mm512_cvtepi32_ps(top),
-                                _mm512_set1_ps(65536.0),
-                                _mm512_cvtepi32_ps(below),
-                            );
-                            let dsx = _mm512_mul_ps(_mm512_set1_ps(*db.add(i * TILE + r)), sx);
-                            *fr = _mm512_fmadd_ps(v, dsx, *fr);
+                            let planes = [0, 1, 2].map(|p| c.0[p][i].as_ptr().add(at));
+                            *fr = accumulate(planes, *db.add(i * TILE + r), sx, *fr);
                         }
                     }
                 }
