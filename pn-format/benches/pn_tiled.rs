@@ -1,12 +1,15 @@
 //! A prompt chunk of 64 input rows against the 27B `ffn_up` (pn3t, 17408 x 5120) and
 //! `ffn_down` (pn4t, 5120 x 17408) shapes on one thread: the AMX tiles (`matmul_tiled`, where
-//! the CPU has AMX), the fused int16 kernels in groups of 8 (`matvec_multi`, the path without
-//! AMX) and a plain read of the same bytes. Report ratios within one run (criterion's
-//! `estimates.json` medians, divided), never bare times; the time per input row is what a
-//! prompt token costs.
+//! the CPU has AMX: the register-blocked kernel, the one-tile kernel it replaced, and the
+//! activation-tile preparation), the fused int16 kernels in groups of 8 (`matvec_multi`, the
+//! path without AMX) and a plain read of the same bytes. Report ratios within one run
+//! (criterion's `estimates.json` medians, divided), never bare times; the time per input row is
+//! what a prompt token costs.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pn_format::dot::{amx_available, matmul_tiled, matvec_multi, TileActs, MAX_ACTS};
+use pn_format::dot::{
+    amx_available, matmul_tiled_kernel, matvec_multi, TileActs, TileKernel, MAX_ACTS,
+};
 use pn_format::{PnType, PreparedI16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,11 +38,22 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         b.iter(|| black_box(read_sum(&weights)))
     });
     if amx_available() {
-        g.bench_function("tiled_amx", |b| {
-            b.iter(|| {
-                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                matmul_tiled(ty, &weights, rows, &tiles, &mut refs).unwrap();
-            })
+        // The register-blocked kernel (the default) and the one-tile kernel it replaced.
+        for (name, kernel) in [
+            ("tiled_amx", TileKernel::AmxBlocked),
+            ("tiled_amx_one_tile", TileKernel::AmxOneTile),
+        ] {
+            g.bench_function(name, |b| {
+                b.iter(|| {
+                    let mut refs: Vec<&mut [f32]> =
+                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles, &mut refs).unwrap();
+                })
+            });
+        }
+        g.bench_function("prepare_tiles_one_thread", |b| {
+            let mut t = tiles.clone();
+            b.iter(|| t.update(&x, N).unwrap())
         });
     }
     g.bench_function("multi_i16_groups_of_8", |b| {

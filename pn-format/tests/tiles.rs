@@ -7,7 +7,7 @@
 mod common;
 
 use common::{magnitude, random_rows, Rng};
-use pn_format::dot::{amx_available, matmul_tiled_with, TileActs};
+use pn_format::dot::{amx_available, matmul_tiled_kernel, matmul_tiled_with, TileActs, TileKernel};
 use pn_format::{dot_ref_f64, PnError, PnType};
 use proptest::prelude::*;
 
@@ -89,7 +89,7 @@ proptest! {
     fn amx_matches_reference_and_decode_numerics(
         pn4 in any::<bool>(),
         nb in 1usize..20,
-        rows in 1usize..37,
+        rows in 1usize..110,
         m in 1usize..=40,
         offset in 0usize..4,
         kind in any::<u8>(),
@@ -112,6 +112,12 @@ proptest! {
             let got = tiled(true, ty, w, rows, &tiles);
             // The same integer sums; fma vs mul-add rounding only.
             check(1e-6, ty, w, &xs, &got, &reference, "amx vs reference")?;
+            // The register-blocked kernel only reorders tile loads: bit-identical to the
+            // one-tile kernel.
+            let mut one = vec![vec![f32::NAN; rows]; m];
+            let mut refs: Vec<&mut [f32]> = one.iter_mut().map(|o| o.as_mut_slice()).collect();
+            matmul_tiled_kernel(TileKernel::AmxOneTile, ty, w, rows, &tiles, &mut refs).unwrap();
+            prop_assert_eq!(got, one);
         }
     }
 }
@@ -190,5 +196,37 @@ fn non_finite_activations_give_nan_not_panic() {
         let got = tiled(amx, ty, &w, 17, &tiles);
         assert!(got[0].iter().all(|v| v.is_finite()), "amx {amx}");
         assert!(got[1].iter().all(|v| v.is_nan()), "amx {amx}");
+    }
+}
+
+#[test]
+fn update_in_parallel_parts_equals_serial() {
+    let ty = PnType::Pn4t;
+    let (nb, rows, m) = (5, 50, 37);
+    let w = random_rows(nb, rows, 11);
+    let mut rng = Rng(12);
+    let x = flat(
+        &(0..m)
+            .map(|_| rng.normals(nb * 64, 2.0))
+            .collect::<Vec<_>>(),
+    );
+    let serial = TileActs::new(ty, &x, m).unwrap();
+    let want = tiled(false, ty, &w, rows, &serial);
+    for parts in [1, 2, 3, 7, 15, 1000] {
+        let mut t = TileActs::new(ty, &x[..nb * 64], 1).unwrap();
+        t.update_with(&x, m, parts, &|n, f| {
+            std::thread::scope(|s| {
+                for i in 0..n {
+                    s.spawn(move || f(i));
+                }
+            })
+        })
+        .unwrap();
+        assert_eq!(t.n_rows(), m);
+        assert_eq!(tiled(false, ty, &w, rows, &t), want, "parts {parts}");
+        assert_eq!(
+            tiled(true, ty, &w, rows, &t),
+            tiled(true, ty, &w, rows, &serial)
+        );
     }
 }

@@ -47,12 +47,12 @@ pub fn request() -> bool {
 
 /// The 64-byte tile configuration (palette 1).
 #[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
+pub(super) struct TileConfig {
+    pub(super) palette: u8,
+    pub(super) start_row: u8,
+    pub(super) reserved: [u8; 14],
+    pub(super) colsb: [u16; 16],
+    pub(super) rows: [u8; 16],
 }
 
 /// Weight rows per pass (one row tile: the three result tiles, the codes and the three byte
@@ -86,7 +86,7 @@ pub unsafe fn matmul(
 thread_local! {
     /// Per-thread unpacked codes of one 16-row tile (`[block][row][kk]`) and its scales
     /// (`[block][row]`); grows to the longest row seen, never shrinks.
-    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>)> =
+    pub(super) static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
@@ -129,7 +129,7 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
         ];
         for r0 in (0..rows).step_by(PASS) {
             let nr = PASS.min(rows - r0);
-            unpack::<BITS, S>(&weights[r0 * rb..(r0 + nr) * rb], nr, nb, a, d);
+            unpack::<BITS, S>(&weights[r0 * rb..(r0 + nr) * rb], nr, nb, a, d, PASS);
             for g in 0..n_in.div_ceil(TILE) {
                 let mut f = [_mm512_setzero_ps(); PASS];
                 for b in 0..nb {
@@ -180,18 +180,9 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                     let sx = _mm512_loadu_ps(acts.sx.as_ptr().add(gb * TILE));
                     let db = d.as_ptr().add(b * PASS);
                     for (r, fr) in f.iter_mut().enumerate() {
-                        let top = _mm512_load_si512(c[0].0.as_ptr().add(r * TILE) as *const _);
-                        let mid = _mm512_load_si512(c[1].0.as_ptr().add(r * TILE) as *const _);
-                        let low = _mm512_load_si512(c[2].0.as_ptr().add(r * TILE) as *const _);
-                        // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
-                        let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
-                        let v = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(top),
-                            _mm512_set1_ps(65536.0),
-                            _mm512_cvtepi32_ps(below),
-                        );
-                        let dsx = _mm512_mul_ps(_mm512_set1_ps(*db.add(r)), sx);
-                        *fr = _mm512_fmadd_ps(v, dsx, *fr);
+                        let at = r * TILE;
+                        let planes = [0, 1, 2].map(|p| c[p].0.as_ptr().add(at));
+                        *fr = accumulate(planes, *db.add(r), sx, *fr);
                     }
                 }
                 let mut vals = [0f32; TILE];
@@ -207,24 +198,41 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
     });
 }
 
-/// Unpacks `nr <= PASS` rows of `nb` blocks into `a` (`[block][row PASS][kk]`, rows past `nr`
-/// zero) and their scales into `d` (`[block][row PASS]`).
+/// `f + (65536 top + (256 mid + low)) * d * sx` for one weight row's 16 int32 block sums per
+/// byte plane of `q` (`planes`: top, middle, low; 64-byte aligned), its block scale `d` and the
+/// 16 inputs' scales `sx`.
 #[inline(always)]
-unsafe fn unpack<const BITS: u32, const S: usize>(
+pub(super) unsafe fn accumulate(planes: [*const i32; 3], d: f32, sx: __m512, f: __m512) -> __m512 {
+    let [top, mid, low] = planes.map(|p| _mm512_load_si512(p as *const _));
+    // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
+    let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
+    let v = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(top),
+        _mm512_set1_ps(65536.0),
+        _mm512_cvtepi32_ps(below),
+    );
+    _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(d), sx), f)
+}
+
+/// Unpacks `nr <= pass` rows of `nb` blocks into `a` (`[block][row pass][kk]`, rows past `nr`
+/// zero) and their scales into `d` (`[block][row pass]`).
+#[inline(always)]
+pub(super) unsafe fn unpack<const BITS: u32, const S: usize>(
     rows: &[u8],
     nr: usize,
     nb: usize,
     a: &mut [u8],
     d: &mut [f32],
+    pass: usize,
 ) {
     let bpw = 16 * S;
     let rb = nb * BLOCK_BYTES;
     let ap = a.as_mut_ptr();
-    for r in 0..PASS {
+    for r in 0..pass {
         if r >= nr {
             for b in 0..nb {
-                std::ptr::write_bytes(ap.add((b * PASS + r) * bpw), 0, bpw);
-                d[b * PASS + r] = 0.0;
+                std::ptr::write_bytes(ap.add((b * pass + r) * bpw), 0, bpw);
+                d[b * pass + r] = 0.0;
             }
             continue;
         }
@@ -245,12 +253,12 @@ unsafe fn unpack<const BITS: u32, const S: usize>(
                 // 16..32 (odd block) above.
                 let bytes = _mm512_cvtepi16_epi8(_mm512_sub_epi16(*cj, z));
                 _mm_storeu_si128(
-                    ap.add((b * PASS + r) * bpw + 16 * j) as *mut __m128i,
+                    ap.add((b * pass + r) * bpw + 16 * j) as *mut __m128i,
                     _mm256_castsi256_si128(bytes),
                 );
                 if b + 1 < nb {
                     _mm_storeu_si128(
-                        ap.add(((b + 1) * PASS + r) * bpw + 16 * j) as *mut __m128i,
+                        ap.add(((b + 1) * pass + r) * bpw + 16 * j) as *mut __m128i,
                         _mm256_extracti128_si256::<1>(bytes),
                     );
                 }
@@ -270,7 +278,7 @@ unsafe fn unpack<const BITS: u32, const S: usize>(
                 _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i)),
             );
             for (i, &v) in ds.iter().enumerate().take(n) {
-                d[(b + i) * PASS + r] = v;
+                d[(b + i) * pass + r] = v;
             }
             b += n;
         }

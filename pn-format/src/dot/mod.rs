@@ -27,12 +27,17 @@ mod multi;
 mod scalar;
 mod tiles;
 #[cfg(target_arch = "x86_64")]
+mod tiles_amx;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
-pub use tiles::{amx_available, matmul_tiled, matmul_tiled_with, TileActs, TILE, TILED_ROWS_MIN};
+pub use tiles::{
+    amx_available, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with, tiled_pass_rows, TileActs,
+    TileKernel, TILE, TILED_ROWS_MIN,
+};
 
 use crate::block::blocks;
 use crate::error::PnError;

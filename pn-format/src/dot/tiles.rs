@@ -44,6 +44,10 @@ pub struct TileActs {
     pub(super) sx: Vec<f32>,
 }
 
+/// A parallel loop: `run(n, f)` calls `f(i)` once for every `i` in `0..n`, on any threads (see
+/// [`TileActs::update_with`]).
+pub type ParallelFor<'a> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'a;
+
 impl TileActs {
     /// Quantizes and arranges the `n` input rows of `x` (row-major, `n x k` with `k` a whole
     /// number of `ty` blocks). Non-finite values make their block's scale NaN (NaN results).
@@ -63,6 +67,20 @@ impl TileActs {
 
     /// Re-prepares for new input rows, reusing the buffers.
     pub fn update(&mut self, x: &[f32], n: usize) -> Result<(), PnError> {
+        self.update_with(x, n, 1, &|parts, f| (0..parts).for_each(f))
+    }
+
+    /// [`TileActs::update`] in `parts` independent pieces (contiguous runs of `[group][block]`
+    /// of every buffer), handed to `run(n_parts, f)`, which must call `f(i)` once for every `i`
+    /// in `0..n_parts`, on any threads (a thread pool's parallel loop). The result does not
+    /// depend on `parts`.
+    pub fn update_with(
+        &mut self,
+        x: &[f32],
+        n: usize,
+        parts: usize,
+        run: &ParallelFor<'_>,
+    ) -> Result<(), PnError> {
         let ty = self.ty;
         if n == 0 || !x.len().is_multiple_of(n) {
             return Err(PnError::LengthMismatch {
@@ -74,11 +92,11 @@ impl TileActs {
         let k = x.len() / n;
         let nb = super::check_k(ty, k)?;
         let bpw = ty.weights_per_block();
-        let cpw = ty.codes_per_word();
         let groups = n.div_ceil(TILE);
         self.k = k;
         self.n = n;
         let values = groups * nb * bpw * TILE;
+        // Every byte is rewritten below except padding inputs' (zero here).
         for v in [&mut self.b1, &mut self.b0] {
             v.clear();
             v.resize(values, 0);
@@ -87,31 +105,39 @@ impl TileActs {
         self.b2.resize(values, 0);
         self.sx.clear();
         self.sx.resize(groups * nb * TILE, 0.0);
-        for (t, xt) in x.chunks_exact(k).enumerate() {
-            let (g, col) = (t / TILE, t % TILE);
-            for (b, xb) in xt.chunks_exact(bpw).enumerate() {
-                let gb = g * nb + b;
-                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let amax = if xb.iter().all(|v| v.is_finite()) {
-                    amax
-                } else {
-                    f32::NAN
-                };
-                self.sx[gb * TILE + col] = amax / Q_MAX;
-                let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
-                let base = gb * bpw * TILE + 4 * col;
-                for kk in 0..bpw {
-                    let (j, l) = (kk / 16, kk % 16);
-                    let e = (l / 2) * cpw + 2 * j + l % 2;
-                    // `as` saturates and maps NaN to 0: no panic on any input.
-                    let q = (xb[e] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
-                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
-                    self.b2[at] = (q >> 16) as i8;
-                    self.b1[at] = (q >> 8) as u8;
-                    self.b0[at] = q as u8;
-                }
-            }
+        let total = groups * nb;
+        let parts = parts.clamp(1, total.max(1));
+        // Per part: its first `[group][block]` index and its slices of the four buffers.
+        let mut pieces = Vec::with_capacity(parts);
+        let (mut b2, mut b1, mut b0, mut sx) = (
+            &mut self.b2[..],
+            &mut self.b1[..],
+            &mut self.b0[..],
+            &mut self.sx[..],
+        );
+        let mut first = 0;
+        for i in 0..parts {
+            let len = total / parts + usize::from(i < total % parts);
+            let (h2, t2) = b2.split_at_mut(len * bpw * TILE);
+            let (h1, t1) = b1.split_at_mut(len * bpw * TILE);
+            let (h0, t0) = b0.split_at_mut(len * bpw * TILE);
+            let (hs, ts) = sx.split_at_mut(len * TILE);
+            (b2, b1, b0, sx) = (t2, t1, t0, ts);
+            pieces.push(std::sync::Mutex::new(Piece {
+                first,
+                b2: h2,
+                b1: h1,
+                b0: h0,
+                sx: hs,
+            }));
+            first += len;
         }
+        let piece = |i: usize| {
+            // Each part locks only its own piece: never contended.
+            let mut p = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
+            quantize_blocks(ty, x, n, nb, &mut p);
+        };
+        run(parts, &piece);
         Ok(())
     }
 
@@ -128,6 +154,57 @@ impl TileActs {
     /// Blocks per row.
     fn nb(&self) -> usize {
         self.k / self.ty.weights_per_block()
+    }
+}
+
+/// One part of a [`TileActs`] being filled: the `[group][block]` entries `first..first +
+/// sx.len() / TILE` of its four buffers (same layouts, starting at entry `first`).
+struct Piece<'a> {
+    first: usize,
+    b2: &'a mut [i8],
+    b1: &'a mut [u8],
+    b0: &'a mut [u8],
+    sx: &'a mut [f32],
+}
+
+/// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
+/// row) and block, the scale and the three bytes of each 24-bit `q` in tile order. Padding
+/// inputs (`t >= n`) stay zero.
+fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
+    let bpw = ty.weights_per_block();
+    let cpw = ty.codes_per_word();
+    let k = nb * bpw;
+    // Tile position `kk = 16 j + l` holds the code in 16-bit lane `l` of pair `j`: element
+    // `perm[kk]` of the block.
+    let mut perm = [0usize; 128];
+    for (kk, e) in perm.iter_mut().enumerate().take(bpw) {
+        let (j, l) = (kk / 16, kk % 16);
+        *e = (l / 2) * cpw + 2 * j + l % 2;
+    }
+    for i in 0..p.sx.len() / TILE {
+        let gb = p.first + i;
+        let (g, b) = (gb / nb, gb % nb);
+        for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
+            let t = g * TILE + col;
+            let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = if xb.iter().all(|v| v.is_finite()) {
+                amax
+            } else {
+                f32::NAN
+            };
+            p.sx[i * TILE + col] = amax / Q_MAX;
+            let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+            let base = i * bpw * TILE + 4 * col;
+            for (kk, &e) in perm.iter().enumerate().take(bpw) {
+                // `as` saturates and maps NaN to 0: no panic on any input.
+                let q = (xb[e] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                p.b2[at] = (q >> 16) as i8;
+                p.b1[at] = (q >> 8) as u8;
+                p.b0[at] = q as u8;
+            }
+        }
     }
 }
 
@@ -163,10 +240,54 @@ pub fn matmul_tiled(
     matmul_tiled_with(amx_available(), ty, weights, rows, acts, outs)
 }
 
-/// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]) or the
-/// portable reference.
+/// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]: the
+/// register-blocked AMX kernel) or the portable reference.
 pub fn matmul_tiled_with(
     amx: bool,
+    ty: PnType,
+    weights: &[u8],
+    rows: usize,
+    acts: &TileActs,
+    outs: &mut [&mut [f32]],
+) -> Result<(), PnError> {
+    let kernel = if amx {
+        TileKernel::AmxBlocked
+    } else {
+        TileKernel::Reference
+    };
+    matmul_tiled_kernel(kernel, ty, weights, rows, acts, outs)
+}
+
+/// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. The AMX kernels fall back
+/// to the reference where [`amx_available`] is false; all three give the same integer sums per
+/// block (the AMX ones bit-identical results).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileKernel {
+    /// The portable reference (slow).
+    Reference,
+    /// One 16-row weight tile per pass: 8 tile loads per 16 x 16 result and block.
+    AmxOneTile,
+    /// Two (pn3t) or three (pn4t) row tiles per pass sharing each activation-tile load.
+    AmxBlocked,
+}
+
+/// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
+/// waste no tile work (a range that is not computes zero rows in its last pass).
+pub fn tiled_pass_rows(ty: PnType) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::tiles_amx::pass_rows(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        TILE
+    }
+}
+
+/// [`matmul_tiled`] with the kernel named.
+pub fn matmul_tiled_kernel(
+    kernel: TileKernel,
     ty: PnType,
     weights: &[u8],
     rows: usize,
@@ -216,14 +337,19 @@ pub fn matmul_tiled_with(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if amx && amx_available() {
+    if kernel != TileKernel::Reference && amx_available() {
         // SAFETY: AMX and AVX-512BW are available and the tile state granted (`amx_available`);
         // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
         // (both checked above), every output holds `rows` values.
-        unsafe { super::amx::matmul(ty, weights, rows, nb, acts, outs) };
+        unsafe {
+            if kernel == TileKernel::AmxOneTile {
+                super::amx::matmul(ty, weights, rows, nb, acts, outs)
+            } else {
+                super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs)
+            }
+        };
         return Ok(());
     }
-    let _ = amx;
     reference(ty, weights, rows, nb, acts, outs);
     Ok(())
 }

@@ -101,6 +101,12 @@ pub fn axpy_scalar(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// Whether the AVX2 + FMA kernels run here (cached).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    simd::has_avx2_fma()
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;

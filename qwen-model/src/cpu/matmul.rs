@@ -4,8 +4,9 @@
 //! go through 16 x 16 AMX tiles instead of the decode-once path (`pn_format::dot::matmul_tiled`).
 
 use super::weight::RowKind;
-use super::{kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
+use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
 use crate::error::ModelError;
+use pn_format::dot::tiled_pass_rows;
 use pn_format::dot::{PreparedI16, TileActs};
 use pn_format::PnType;
 use std::sync::Mutex;
@@ -108,9 +109,15 @@ impl CpuBackend {
                 };
                 let xs = &x[..rows * w.cols];
                 let slot = &mut g[pn_index(ty)];
+                // Quantized on every thread: a few parts per thread, claimed dynamically.
+                let run = |n: usize, f: &(dyn Fn(usize) + Sync)| self.pool.run(n, &|_, c| f(c));
                 let r = match slot {
-                    Some(t) => t.update(xs, rows),
-                    None => TileActs::new(ty, xs, rows).map(|t| *slot = Some(t)),
+                    Some(t) => t.update_with(xs, rows, 4 * n_threads, &run),
+                    None => TileActs::new(ty, &xs[..w.cols], 1).and_then(|mut t| {
+                        t.update_with(xs, rows, 4 * n_threads, &run)?;
+                        *slot = Some(t);
+                        Ok(())
+                    }),
                 };
                 r.map_err(|e| {
                     ModelError::BadArgument(format!("preparing PN activation tiles: {e}"))
@@ -121,20 +128,9 @@ impl CpuBackend {
         let pn_acts = pn_guard.as_deref();
         let pn_tiles = tile_guard.as_deref();
         let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
-        // Chunks per output: small enough that the caller can absorb a late worker's share.
         let single = n_threads == 1 || total_rows * rows < 64;
-        let mut first_chunk = [0usize; 9];
-        let mut n_chunks_of = [1usize; 8];
-        for (i, (w, _)) in targets.iter().enumerate() {
-            let r = w.map_or(0, |w| w.rows);
-            let chunk_rows = (r / (4 * n_threads)).max(16);
-            n_chunks_of[i] = if single {
-                1
-            } else {
-                r.div_ceil(chunk_rows).max(1)
-            };
-            first_chunk[i + 1] = first_chunk[i] + n_chunks_of[i];
-        }
+        let plan = ChunkPlan::new(targets, n_threads, single, pn_tiles.is_some());
+        let (first_chunk, n_chunks_of, step_of) = (plan.first, plan.count, plan.step);
         let n_chunks = first_chunk[targets.len()];
         let work = |p: usize, c: usize| {
             let o = (0..targets.len())
@@ -142,7 +138,7 @@ impl CpuBackend {
                 .unwrap_or(0);
             let (w, y) = &targets[o];
             let Some(w) = *w else { return };
-            let range = split_range(w.rows, c - first_chunk[o], n_chunks_of[o]);
+            let range = step_range(w.rows, step_of[o], c - first_chunk[o], n_chunks_of[o]);
             if range.is_empty() {
                 return;
             }
@@ -157,9 +153,10 @@ impl CpuBackend {
                 (true, RowKind::Pn(ty), Some(acts)) => {
                     matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
                 }
-                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => {
-                    self.with_scratch(p, w.cols, |buf| matmul_decoded(w, x, rows, *y, range, buf))
-                }
+                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
+                    .with_scratch(p, block_dot::ROWS * w.cols, |buf| {
+                        matmul_decoded(w, x, rows, *y, range, buf)
+                    }),
                 _ => matmul_direct(w, x, rows, *y, range),
             };
             if let Err(e) = r {
@@ -218,7 +215,11 @@ fn matmul_direct(
     Ok(())
 }
 
-/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs.
+/// As [`matmul_direct`], but decodes each weight row to f32 once and reuses it for all inputs:
+/// [`block_dot::ROWS`] rows at a time (`buf` holds them, `ROWS x k`), against
+/// [`block_dot::INPUTS`] inputs per pass (each activation load serves every decoded row). The
+/// inputs in whole groups of 4 get `kernels::dot4`'s exact arithmetic (as before the blocking),
+/// the last `rows % 4` `kernels::dot`'s.
 fn matmul_decoded(
     w: &CpuWeight,
     x: &[f32],
@@ -227,24 +228,38 @@ fn matmul_decoded(
     range: std::ops::Range<usize>,
     buf: &mut [f32],
 ) -> Result<(), ModelError> {
+    use block_dot::{INPUTS, ROWS};
     let k = w.cols;
-    for r in range {
-        w.decode_row(r, buf)?;
-        let mut t = 0;
-        while t + 4 <= rows {
-            let xs = [0, 1, 2, 3].map(|j| &x[(t + j) * k..(t + j + 1) * k]);
-            let v = kernels::dot4(buf, xs);
-            for (j, &vj) in v.iter().enumerate() {
-                // SAFETY: as in `matmul_direct`.
-                unsafe { *y.get().add((t + j) * w.rows + r) = vj };
+    let grouped = rows / 4 * 4;
+    let mut r0 = range.start;
+    while r0 < range.end {
+        let nr = (range.end - r0).min(ROWS);
+        for i in 0..nr {
+            w.decode_row(r0 + i, &mut buf[i * k..(i + 1) * k])?;
+        }
+        // Short blocks repeat their last row or input: pairs are independent, so the repeats
+        // only cost time, and the full block keeps the fast kernel.
+        let wr: [&[f32]; ROWS] = std::array::from_fn(|i| &buf[i.min(nr - 1) * k..][..k]);
+        let mut out = [[0f32; INPUTS]; ROWS];
+        for t0 in (0..grouped).step_by(INPUTS) {
+            let nt = (grouped - t0).min(INPUTS);
+            let xs: [&[f32]; INPUTS] = std::array::from_fn(|j| &x[(t0 + j.min(nt - 1)) * k..][..k]);
+            block_dot::dot_block(&wr, &xs, &mut out);
+            for (i, oi) in out.iter().enumerate().take(nr) {
+                for (j, &v) in oi.iter().enumerate().take(nt) {
+                    // SAFETY: as in `matmul_direct`.
+                    unsafe { *y.get().add((t0 + j) * w.rows + r0 + i) = v };
+                }
             }
-            t += 4;
         }
-        for t in t..rows {
-            let v = kernels::dot(buf, &x[t * k..(t + 1) * k]);
-            // SAFETY: as in `matmul_direct`.
-            unsafe { *y.get().add(t * w.rows + r) = v };
+        for t in grouped..rows {
+            for (i, wi) in wr.iter().enumerate().take(nr) {
+                let v = kernels::dot(wi, &x[t * k..(t + 1) * k]);
+                // SAFETY: as in `matmul_direct`.
+                unsafe { *y.get().add(t * w.rows + r0 + i) = v };
+            }
         }
+        r0 += nr;
     }
     Ok(())
 }
@@ -324,4 +339,58 @@ fn matmul_pn_tiled(
             reason: format!("rows {range:?}: {e}"),
         }
     })
+}
+
+/// How [`CpuBackend::matmul_outputs`] cuts its outputs into chunks for the pool: by weight
+/// bytes, not rows, so that chunks of a wide and a narrow (or a pn3t and a Q8_0) matrix cost
+/// about the same and the threads finish together; each chunk in whole passes of the kernel
+/// that runs it (`step` rows: the tiled kernel's row tiles), so no pass computes padding rows
+/// except at a matrix's end.
+struct ChunkPlan {
+    /// Index of each output's first chunk (`first[i + 1] - first[i]` chunks for output `i`).
+    first: [usize; 9],
+    /// Chunks of each output.
+    count: [usize; 8],
+    /// Row granularity of each output's chunks.
+    step: [usize; 8],
+}
+
+impl ChunkPlan {
+    /// About 8 chunks per thread over all outputs (a late worker's share can then be absorbed
+    /// by the others), at least 16 rows each; one chunk per output when `single`. `tiled`: PN
+    /// outputs run on the tiled kernel.
+    fn new(
+        targets: &[(Option<&CpuWeight>, SyncPtr)],
+        n_threads: usize,
+        single: bool,
+        tiled: bool,
+    ) -> ChunkPlan {
+        let mut plan = ChunkPlan {
+            first: [0; 9],
+            count: [1; 8],
+            step: [16; 8],
+        };
+        let bytes = |w: &CpuWeight| w.rows * w.row_bytes.max(1);
+        let total: usize = targets.iter().filter_map(|(w, _)| w.map(bytes)).sum();
+        let per_chunk = (total / (8 * n_threads)).max(1);
+        for (i, (w, _)) in targets.iter().enumerate() {
+            if let Some(w) = w {
+                if let (true, RowKind::Pn(ty)) = (tiled, w.kind) {
+                    plan.step[i] = tiled_pass_rows(ty);
+                }
+                let units = w.rows.div_ceil(plan.step[i]).max(1);
+                if !single {
+                    plan.count[i] = bytes(w).div_ceil(per_chunk).clamp(1, units);
+                }
+            }
+            plan.first[i + 1] = plan.first[i] + plan.count[i];
+        }
+        plan
+    }
+}
+
+/// Chunk `i` of `parts` of `0..rows` in whole `step`-row units (the last unit may be short).
+fn step_range(rows: usize, step: usize, i: usize, parts: usize) -> std::ops::Range<usize> {
+    let u = split_range(rows.div_ceil(step), i, parts);
+    (u.start * step).min(rows)..(u.end * step).min(rows)
 }

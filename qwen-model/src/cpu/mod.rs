@@ -1,6 +1,7 @@
 //! The CPU backend: f32 activations in `Vec<f32>`, weights read in place from the GGUF mapping,
 //! data-parallel ops on a small persistent thread pool.
 
+mod block_dot;
 pub mod kernels;
 mod kv;
 pub mod kvquant;
