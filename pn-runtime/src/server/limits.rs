@@ -267,7 +267,7 @@ mod tests {
         let never = futures_util::stream::pending::<Result<Frame<axum::body::Bytes>, io::Error>>();
         let body = http_body_util::StreamBody::new(never);
         let timed = TimedBody::new(body, Duration::from_millis(50));
-        let err = timed.collect().await.err().expect("timed out");
+        let err = timed.collect().await.expect_err("timed out");
         let api = BodyTimeout::find(&*err).expect("a BodyTimeout");
         assert_eq!(api.status, StatusCode::REQUEST_TIMEOUT);
         assert_eq!(api.code, Some("request_timeout"));
