@@ -24,7 +24,10 @@
 pub mod anthropic;
 pub mod api;
 pub mod auth;
+pub mod conn;
+pub mod cors;
 pub mod error;
+pub mod limits;
 pub mod logprobs;
 pub mod messages;
 pub mod metrics;
@@ -66,6 +69,11 @@ pub struct ServerConfig {
     pub chat_template: Option<String>,
     /// Sampling of requests that leave fields out (`pn run`'s defaults unless set).
     pub sampling: api::SamplingDefaults,
+    /// Timeouts, header and connection limits of each client ([`limits`]).
+    pub limits: limits::Limits,
+    /// Origins whose browser pages may call the API (CORS); empty: none (no CORS headers,
+    /// preflights get 405); `*`: any.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +89,8 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             chat_template: None,
             sampling: api::SamplingDefaults::default(),
+            limits: limits::Limits::default(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -210,7 +220,10 @@ async fn run(
         defaults: config.sampling.clone(),
         constraints: std::sync::OnceLock::new(),
     });
-    let app = routes::router(state, config.api_key.clone());
+    let app = cors::layer(
+        routes::router(state, config.api_key.clone()),
+        &config.cors_origins,
+    );
     eprintln!(
         "pn serve: model {} | {} slots of {} tokens | queue {} | api key {}",
         engine.path().display(),
@@ -223,6 +236,12 @@ async fn run(
             "off"
         },
     );
+    if !bound.ip().is_loopback() && config.api_key.is_none() {
+        eprintln!(
+            "pn serve: warning: listening on {bound}, reachable from other machines, without \
+             --api-key: anyone who can connect can use the model"
+        );
+    }
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "pn serve: listening on http://{bound}");
@@ -249,10 +268,7 @@ async fn run(
             std::process::exit(0);
         });
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(io)?;
+    conn::serve(listener, app, &config.limits, shutdown).await;
     eprintln!("pn serve: stopped");
     Ok(())
 }

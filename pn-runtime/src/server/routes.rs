@@ -187,6 +187,8 @@ pub(super) fn body_bytes(
                     "the request body is larger than the limit of {limit} bytes (--max-body-bytes)"
                 ))
             }
+        } else if let Some(timeout) = super::limits::BodyTimeout::find(&rejection) {
+            timeout
         } else {
             ApiError::invalid(format!("could not read the request body: {rejection}"))
         }

@@ -3,6 +3,7 @@
 use crate::engine_args::{self, ModelArgs};
 use pn_runtime::sampling::SamplingParams;
 use pn_runtime::server::api::SamplingDefaults;
+use pn_runtime::server::limits::{self, Limits};
 use pn_runtime::server::{serve, ServerConfig};
 use std::time::Duration;
 
@@ -40,6 +41,54 @@ pub struct Args {
     pub chat_template_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub sampling: ServeSampling,
+    #[command(flatten)]
+    pub limits: ServeLimits,
+}
+
+/// What one client may hold of the server (`pn_runtime::server::limits`).
+#[derive(clap::Args, Debug)]
+pub struct ServeLimits {
+    /// Seconds a client has to send a request's headers (also how long an idle keep-alive
+    /// connection stays open); slower ones are closed.
+    #[arg(long = "header-timeout", default_value_t = 30.0)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body (408 beyond).
+    #[arg(long = "body-timeout", default_value_t = 60.0)]
+    pub body_timeout: f64,
+    /// Seconds a write to a client may stay blocked (it stopped reading) before the
+    /// connection is closed and its generation cancelled.
+    #[arg(long = "write-timeout", default_value_t = 60.0)]
+    pub write_timeout: f64,
+    /// Largest request head (request line and headers) in bytes, at least 8192 (431 beyond).
+    #[arg(long = "max-header-bytes", default_value_t = 64 << 10)]
+    pub max_header_bytes: usize,
+    /// Connections open at once; more are answered 503 and closed.
+    #[arg(long = "max-connections", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Let browser pages from this origin call the API (CORS), e.g. https://app.example;
+    /// repeatable; `*` for any. Off by default.
+    #[arg(long = "cors-origin")]
+    pub cors_origin: Vec<String>,
+}
+
+impl ServeLimits {
+    /// The server's limits; a negative or non-finite time is an error naming its flag.
+    pub fn limits(&self) -> Result<Limits, String> {
+        let secs = |flag: &str, v: f64| {
+            Duration::try_from_secs_f64(v).map_err(|e| format!("--{flag} {v}: {e}"))
+        };
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
+        Ok(Limits {
+            header_timeout: secs("header-timeout", self.header_timeout)?,
+            body_timeout: secs("body-timeout", self.body_timeout)?,
+            write_timeout: secs("write-timeout", self.write_timeout)?,
+            max_header_bytes: self.max_header_bytes.max(limits::MIN_HEADER_BYTES),
+            max_connections: self.max_connections,
+            ..Limits::default()
+        })
+    }
 }
 
 /// Sampling of requests that leave the fields out; unset flags are `pn run`'s defaults
@@ -134,6 +183,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         shutdown_grace: grace,
         chat_template,
         sampling: args.sampling.defaults(),
+        limits: args.limits.limits()?,
+        cors_origins: args.limits.cors_origin,
     };
     serve(engine, config)?;
     Ok(())
