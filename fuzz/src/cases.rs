@@ -18,8 +18,11 @@ use pn_format::{PnType, PreparedF32, PreparedI16};
 use pn_runtime::chat_template::{ChatTemplate, TemplateContext};
 use pn_runtime::tokenizer::{TokenType, Tokenizer};
 
+/// A target's body: arbitrary bytes in, a panic only when a property fails.
+pub type Body = fn(&[u8]);
+
 /// The targets, by name: what the replay test and `fuzz/run.sh` iterate over.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("gguf_parse", gguf_parse),
     ("pn_validate", pn_validate),
     ("safetensors", safetensors),
