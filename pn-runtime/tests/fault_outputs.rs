@@ -80,7 +80,10 @@ fn out_of_space_while_quantizing_leaves_nothing() {
     assert_eq!(o.status.signal(), None, "killed by a signal: {err}");
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains(&format!("disk full while writing {}/.m.q8.gguf.", d.display())),
+        err.contains(&format!(
+            "disk full while writing {}/.m.q8.gguf.",
+            d.display()
+        )),
         "{err}"
     );
     assert!(!out.exists());
@@ -118,7 +121,10 @@ fn out_of_space_while_converting_leaves_nothing() {
     assert_eq!(o.status.signal(), None, "killed by a signal: {err}");
     assert!(!o.status.success(), "{err}");
     assert!(
-        err.contains(&format!("writing {}: no space left on the device", out.display())),
+        err.contains(&format!(
+            "writing {}: no space left on the device",
+            out.display()
+        )),
         "{err}"
     );
     assert!(
