@@ -15,6 +15,7 @@
 mod cursor;
 mod error;
 pub mod kv_blocks;
+pub mod mapwatch;
 mod metadata;
 pub mod quants;
 mod reader;
@@ -23,6 +24,7 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
+pub use mapwatch::{install_sigbus_report, MapWatch, EXIT_FILE_CHANGED};
 pub use reader::{
     GgufFile, TensorInfo, TensorView, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC,
     MAX_ARRAY_DEPTH, MAX_DIMS,

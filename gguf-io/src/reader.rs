@@ -115,6 +115,8 @@ impl Backing {
 pub struct GgufFile {
     backing: Backing,
     header: Header,
+    /// A file map's registration for the SIGBUS report (see [`crate::mapwatch`]).
+    watch: Option<crate::mapwatch::MapWatch>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -172,14 +174,57 @@ impl GgufFile {
             return GgufFile::from_bytes(Vec::new());
         }
         // SAFETY: the map is read-only. Like every mmap-based reader we rely on the file not
-        // being truncated or rewritten by another process while it is open; the header is
+        // being truncated or rewritten by another process while it is open (a truncation is
+        // reported by the SIGBUS handler of crate::mapwatch, once installed); the header is
         // validated once, after which only bounds-checked slices of the map are handed out.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(open_err)?;
+        let watch = crate::mapwatch::MapWatch::new(&map, &file, path);
         let header = parse(&map)?;
         Ok(GgufFile {
             backing: Backing::Mmap(map),
             header,
+            watch: Some(watch),
         })
+    }
+
+    /// Reads the whole file at `path` into memory (llama.cpp's `--no-mmap`): nothing done to
+    /// the file afterwards (truncation, rewriting) changes what was read. The buffer is an
+    /// anonymous page-aligned map, so tensors keep the file's alignment as with
+    /// [`GgufFile::open`]. Same checks as [`GgufFile::open`].
+    pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        use std::io::Read;
+        let path = path.as_ref();
+        let open_err = |source| GgufError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(open_err)?;
+        let len = file.metadata().map_err(open_err)?.len();
+        if len == 0 {
+            return GgufFile::from_bytes(Vec::new());
+        }
+        let len = usize::try_from(len).map_err(|_| {
+            open_err(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "the file does not fit the address space",
+            ))
+        })?;
+        let mut buf = memmap2::MmapMut::map_anon(len).map_err(open_err)?;
+        file.read_exact(&mut buf).map_err(open_err)?;
+        let map = buf.make_read_only().map_err(open_err)?;
+        let header = parse(&map)?;
+        Ok(GgufFile {
+            backing: Backing::Mmap(map),
+            header,
+            watch: None,
+        })
+    }
+
+    /// `Some(reason)` when the mapped file was changed on disk since it was opened (length or
+    /// modification time; see [`MapWatch::changed`](crate::mapwatch::MapWatch::changed)): its
+    /// bytes may no longer be the ones validated. Always `None` for a file read into memory.
+    pub fn changed_on_disk(&self) -> Option<String> {
+        self.watch.as_ref()?.changed()
     }
 
     /// Parses a GGUF held in memory, with the same checks as [`GgufFile::open`].
@@ -188,6 +233,7 @@ impl GgufFile {
         Ok(GgufFile {
             backing: Backing::Owned(bytes),
             header,
+            watch: None,
         })
     }
 
@@ -203,6 +249,7 @@ impl GgufFile {
         Ok(GgufFile {
             backing: Backing::Static(bytes),
             header,
+            watch: None,
         })
     }
 

@@ -126,6 +126,20 @@ pub enum EngineError {
         /// Available memory in MiB.
         available_mib: u64,
     },
+    /// Sessions at once (`pn serve --parallel`) whose KV caches and states would not fit in memory.
+    #[error("{slots} parallel sessions of context {context} need {needed_mib} MiB ({per_slot_mib} MiB each: KV cache and recurrent state) but only {available_mib} MiB of memory is available; use a smaller --parallel, --ctx-size or KV type")]
+    SlotsOutOfMemory {
+        /// Sessions asked for.
+        slots: usize,
+        /// Positions per session.
+        context: usize,
+        /// One session's KV cache and recurrent state, in MiB.
+        per_slot_mib: u64,
+        /// All of them, in MiB.
+        needed_mib: u64,
+        /// Available memory in MiB.
+        available_mib: u64,
+    },
     /// The prompt plus generation do not fit in the session's context.
     #[error("prompt of {prompt} tokens does not fit in the context of {context} positions (already used: {used}); load the engine with a larger EngineOptions::context, or reset the session to free it")]
     PromptTooLong {

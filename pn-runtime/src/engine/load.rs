@@ -36,7 +36,12 @@ pub(super) fn load(
             path: path.to_path_buf(),
         });
     }
-    let file = GgufFile::open(path).map_err(|e| match e {
+    let opened = if options.no_mmap {
+        GgufFile::read(path)
+    } else {
+        GgufFile::open(path)
+    };
+    let file = opened.map_err(|e| match e {
         GgufError::BadMagic { found } => EngineError::NotGguf {
             path: path.to_path_buf(),
             found,
@@ -318,6 +323,31 @@ fn check_memory(config: &ModelConfig, options: &EngineOptions, context: usize) -
         }
     }
     Ok(())
+}
+
+impl Engine {
+    /// Refuses `slots` sessions at once (`pn serve --parallel`: each slot holds a KV cache of
+    /// the full context and a recurrent state) when together they cannot fit in the memory the
+    /// system reports available, before any is allocated, with the numbers. The load-time check
+    /// covers one session; CUDA engines are sized by the device memory plan instead.
+    pub fn check_slots_memory(&self, slots: usize) -> Result<()> {
+        if self.options().device != Device::Cpu {
+            return Ok(());
+        }
+        let per_slot = kv_bytes(self.config(), self.options(), self.context())
+            .saturating_add(super::checkpoint_bytes(self.config()));
+        let needed = per_slot.saturating_mul(slots as u64);
+        match available_memory() {
+            Some(available) if needed > available => Err(EngineError::SlotsOutOfMemory {
+                slots,
+                context: self.context(),
+                per_slot_mib: per_slot.div_ceil(1 << 20),
+                needed_mib: needed.div_ceil(1 << 20),
+                available_mib: available >> 20,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.

@@ -98,6 +98,10 @@ pub struct EngineOptions {
     /// Speculative decoding: MTP drafting by default (plain decoding for a model without an MTP
     /// block), or [`Speculation::None`].
     pub speculation: Speculation,
+    /// Read the model file into memory (`--no-mmap`) instead of mapping it: slower to start and
+    /// never shared with the page cache, but immune to the file changing on disk (a mapped file
+    /// truncated under the process is a SIGBUS, see `gguf_io::mapwatch`).
+    pub no_mmap: bool,
 }
 
 impl Default for EngineOptions {
@@ -115,6 +119,7 @@ impl Default for EngineOptions {
             prompt_cache_interval: DEFAULT_PROMPT_CACHE_INTERVAL,
             prompt_cache_checkpoints: DEFAULT_PROMPT_CACHE_CHECKPOINTS,
             speculation: Speculation::default(),
+            no_mmap: false,
         }
     }
 }

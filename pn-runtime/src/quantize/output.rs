@@ -93,10 +93,13 @@ pub fn temp_name(final_path: &Path) -> PathBuf {
     final_path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
-/// True for "no space left on device" (and quota exceeded).
+/// True for "no space left on device" (and quota exceeded, and the process's file-size limit
+/// reached: for the user the same, no room for the output).
 pub fn is_disk_full(e: &std::io::Error) -> bool {
-    // ENOSPC = 28, EDQUOT = 122 on Linux.
-    e.kind() == std::io::ErrorKind::StorageFull || matches!(e.raw_os_error(), Some(28) | Some(122))
+    // ENOSPC = 28, EDQUOT = 122, EFBIG = 27 (RLIMIT_FSIZE, `ulimit -f`) on Linux.
+    e.kind() == std::io::ErrorKind::StorageFull
+        || e.kind() == std::io::ErrorKind::FileTooLarge
+        || matches!(e.raw_os_error(), Some(27) | Some(28) | Some(122))
 }
 
 #[cfg(test)]

@@ -47,7 +47,8 @@ pub struct ModelArgs {
     /// Lock the process's memory (the mapped model included) so it is never swapped out.
     #[arg(long)]
     pub mlock: bool,
-    /// Accepted for llama.cpp scripts: pn always maps the model file read-only.
+    /// Read the model into memory instead of mapping it: a file truncated or rewritten while pn
+    /// runs then changes nothing (mapped, pn exits with status 74 naming the file).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
     /// Speculative decoding: mtp (draft with the model's MTP head; plain decoding for a model
@@ -236,6 +237,7 @@ pub fn engine_options(args: &ModelArgs) -> Result<EngineOptions, Box<dyn std::er
         prompt_cache_checkpoints: args.ctx_checkpoints,
         prompt_cache_interval: args.checkpoint_interval,
         template_isolation: args.template_sandbox.isolation()?,
+        no_mmap: args.no_mmap,
         ..defaults
     })
 }

@@ -133,7 +133,7 @@ pub const FLAGS: &[Flag] = &[
         long: "--no-mmap",
         commands: MODEL_CMDS,
         example: None,
-        note: "accepted; pn always maps the file read-only",
+        note: "reads the model into memory instead of mapping it (immune to the file changing)",
     },
     Flag {
         spellings: &["-p", "--prompt"],

@@ -91,6 +91,16 @@ fn main() -> ExitCode {
     {
         return pn_runtime::chat_template::run_worker();
     }
+    // A model or shard truncated while mapped: exit 74 naming the file, not a bare SIGBUS.
+    gguf_io::install_sigbus_report();
+    // A file-size limit (`ulimit -f`) reached while writing: the write fails with EFBIG and
+    // pn quantize/convert report it and remove their temporary output, instead of SIGXFSZ
+    // killing the process with the partial file left behind.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to "ignore" has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     // llama.cpp's multi-letter short flags (-ngl, -ctk...) become long ones clap can read.
     let args = match llama_flags::normalise(std::env::args_os()) {
         Ok(args) => args,

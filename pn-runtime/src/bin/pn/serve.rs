@@ -165,6 +165,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let engine = engine_args::load_engine(&args.model, true)?;
+    // Every slot allocates its own KV cache: refuse a --parallel that cannot fit, with numbers.
+    engine.check_slots_memory(args.parallel)?;
     if args.model.spec == "mtp" {
         // The batch scheduler has no MTP drafting yet: say so rather than ignore --spec.
         eprintln!(
