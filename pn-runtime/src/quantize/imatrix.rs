@@ -236,7 +236,27 @@ fn parse_gguf(f: &gguf_io::GgufFile) -> Result<ImatrixData, String> {
                 info.name, sums[j]
             ));
         }
-        out.entries.insert(name.to_string(), Entry { sums, counts });
+        if let Some(m) = counts.iter().position(|c| !c.is_finite() || *c < 0.0) {
+            return Err(format!(
+                "tensor {name}.counts: count {m} is {} (must be finite, >= 0)",
+                counts[m]
+            ));
+        }
+        let entry = Entry { sums, counts };
+        // A count that is tiny but not zero (a subnormal, say) makes sum / count overflow:
+        // the quantizer would then weight that column infinitely.
+        if let Some((j, v)) = entry
+            .means()
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+        {
+            return Err(format!(
+                "tensor {}: the mean of column {j} is {v} (sums over counts overflow)",
+                info.name
+            ));
+        }
+        out.entries.insert(name.to_string(), entry);
     }
     Ok(out)
 }
