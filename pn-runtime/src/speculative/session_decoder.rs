@@ -478,7 +478,7 @@ impl<B: Backend> SpecDecoder<B> {
         (p.n, p.base, p.mtp_after_x, p.h_valid) = (n, base, mtp_after_x, h_valid);
         self.verify_logits.resize(k * v, 0.0);
         self.verify_h.resize(k * d, 0.0);
-        if k > 1 && !self.trace.as_ref().is_some_and(|t| t.max_rows() >= k) {
+        if k > 1 && self.trace.as_ref().is_none_or(|t| t.max_rows() < k) {
             // Record the GDN state after every row: a rejection then rolls back by copying.
             // (A trace too small for this step is dropped before the larger one is made.)
             self.trace = None;
