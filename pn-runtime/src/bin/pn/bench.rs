@@ -240,7 +240,7 @@ fn run_batch_tg(
     n_gen: usize,
     reps: usize,
     np: usize,
-) -> Result<(Vec<u64>, usize, Option<SpecStats>), Box<dyn std::error::Error>> {
+) -> Result<BatchTg, Box<dyn std::error::Error>> {
     let options = BatchOptions {
         slots: np,
         prefill_chunk: (np * (depth + 1)).max(engine.options().batch),
@@ -305,7 +305,21 @@ fn run_batch_tg(
             }
         }
     }
-    Ok((samples, timed, spec))
+    Ok(BatchTg {
+        samples,
+        timed,
+        spec,
+    })
+}
+
+/// What [`run_batch_tg`] measured.
+struct BatchTg {
+    /// Nanoseconds of each repetition.
+    samples: Vec<u64>,
+    /// Tokens one repetition timed.
+    timed: usize,
+    /// Speculative counters summed over sequences and repetitions (`None`: speculation off).
+    spec: Option<SpecStats>,
 }
 
 /// Runs the subcommand.
@@ -361,8 +375,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for (d, p, n, np) in tests {
         let (samples_ns, spec, tokens) = match np {
             Some(np) => {
-                let (ns, timed, spec) = run_batch_tg(&engine, d, n, reps, np)?;
-                (ns, spec, timed as f64)
+                let r = run_batch_tg(&engine, d, n, reps, np)?;
+                (r.samples, r.spec, r.timed as f64)
             }
             None => {
                 let (ns, spec) = run_test(&engine, d, p, n, reps)?;
