@@ -1,30 +1,47 @@
 //! `engine::batch::Batch`: sequences decoded together give each what it gets alone (greedy
 //! tokens), whatever joins and leaves around it; seeded sampling does not depend on the batch;
 //! a cancelled sequence leaves the others unchanged; a long prompt is prefilled in chunks
-//! between the others' decode steps; the prompt cache works per slot.
+//! between the others' decode steps; the prompt cache works per slot. Each property holds
+//! with MTP speculation off and on (each sequence drafting, verified in the shared pass, with
+//! its own accepted prefix and rollback).
 
-use pn_runtime::engine::batch::{Batch, BatchEvent, BatchOptions, SeqId};
+use pn_runtime::engine::batch::{Batch, BatchEvent, BatchOptions, SeqId, SeqOptions};
 use pn_runtime::engine::{CancelToken, FinishReason, KvCacheType, Prompt, Speculation};
+use pn_runtime::speculative::SpecStats;
 use pn_runtime::{Engine, EngineOptions, SamplingParams, StopConditions};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// 2 threads, an f32 KV cache (the sessions compared with are the same), `context` positions.
+/// 2 threads, an f32 KV cache (the sessions compared with are the same), `context` positions,
+/// no speculation.
 fn options(context: usize) -> EngineOptions {
     EngineOptions {
         threads: 2,
         context,
         kv_type_k: KvCacheType::F32,
         kv_type_v: KvCacheType::F32,
+        speculation: Speculation::None,
         ..EngineOptions::default()
     }
 }
 
-/// The shipped demo model, loaded once.
+/// The shipped demo model, loaded once, its batches decoding without speculation.
 fn demo_engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
     E.get_or_init(|| Engine::load(pn_runtime::DEMO_MODEL_PATH, options(512)).expect("demo model"))
+}
+
+/// The demo model with MTP speculation (3 drafts per step) in its batches and sessions.
+fn mtp_engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let o = EngineOptions {
+            speculation: Speculation::Mtp { draft: 3 },
+            ..options(512)
+        };
+        Engine::load(pn_runtime::DEMO_MODEL_PATH, o).expect("demo model")
+    })
 }
 
 /// Python-looking source for prompts of the demo (code) model.
@@ -48,6 +65,21 @@ fn stop(max: usize) -> StopConditions {
 fn alone(engine: &Engine, prompt: &[u32], params: SamplingParams, max: usize) -> Vec<u32> {
     let mut s = engine.session().unwrap();
     s.set_speculation(Speculation::None);
+    s.generate_sequence(Prompt::Tokens(prompt.to_vec()), params, stop(max))
+        .unwrap()
+        .map(|e| e.unwrap().token.unwrap())
+        .collect()
+}
+
+/// The tokens of `prompt` generated alone, by a session speculating as the engine's options
+/// say (a seeded sampled generation draws differently with speculation).
+fn alone_as_engine(
+    engine: &Engine,
+    prompt: &[u32],
+    params: SamplingParams,
+    max: usize,
+) -> Vec<u32> {
+    let mut s = engine.session().unwrap();
     s.generate_sequence(Prompt::Tokens(prompt.to_vec()), params, stop(max))
         .unwrap()
         .map(|e| e.unwrap().token.unwrap())
@@ -83,6 +115,8 @@ struct Got {
     reused: usize,
     /// Steps (counted from 0) in which it got a token.
     token_steps: Vec<usize>,
+    /// Its speculative counters at its last event.
+    spec: Option<SpecStats>,
 }
 
 /// Runs `reqs` through `batch`: each added (free slot by reuse) before its `join` step, a
@@ -111,8 +145,11 @@ fn run(batch: &mut Batch, reqs: &[Req]) -> Vec<Got> {
         for e in batch.step().unwrap() {
             match e {
                 BatchEvent::Started { id, reused, .. } => got[ids[&id]].reused = reused,
-                BatchEvent::Token { id, event, .. } => {
+                BatchEvent::Token {
+                    id, event, spec, ..
+                } => {
                     let g = &mut got[ids[&id]];
+                    g.spec = spec;
                     if let Some(t) = event.token {
                         g.tokens.push(t);
                         g.token_steps.push(step);
@@ -144,7 +181,31 @@ fn batch(engine: &Engine, slots: usize, prefill_chunk: usize) -> Batch {
 /// after different numbers of tokens: each gets the greedy tokens it gets alone.
 #[test]
 fn greedy_batch_matches_each_sequence_alone() {
-    let e = demo_engine();
+    greedy_batch_matches_alone(demo_engine());
+}
+
+/// [`greedy_batch_matches_each_sequence_alone`] with MTP speculation: each sequence drafts and
+/// has its drafts verified in the shared pass; greedy speculation is lossless, so each still
+/// gets plain greedy decoding's tokens, and drafts are accepted (the batch does speculate).
+#[test]
+fn greedy_batch_with_mtp_matches_each_sequence_alone() {
+    let got = greedy_batch_matches_alone(mtp_engine());
+    let mut sum = SpecStats::default();
+    for s in got.iter().filter_map(|g| g.spec) {
+        sum += s;
+    }
+    assert!(sum.drafted > 0 && sum.accepted > 0, "{sum:?}");
+    assert!(sum.target_passes < sum.generated, "{sum:?}");
+    // Some step gave a sequence more than one token.
+    assert!(got
+        .iter()
+        .any(|g| g.token_steps.windows(2).any(|w| w[0] == w[1])));
+}
+
+/// Runs N = 1..8 sequences (see [`greedy_batch_matches_each_sequence_alone`]) on `e` and
+/// checks each against plain greedy decoding alone; returns what the runs of N = 8 got.
+fn greedy_batch_matches_alone(e: &Engine) -> Vec<Got> {
+    let mut last = Vec::new();
     for n in 1..=8 {
         let reqs: Vec<Req> = (0..n)
             .map(|i| Req::greedy(prompt(e, 3 + 11 * i % 40, 7 * i), 3 + i % 5, i % 3))
@@ -155,14 +216,26 @@ fn greedy_batch_matches_each_sequence_alone() {
             assert_eq!(g.tokens, want, "n={n} seq {i}");
             assert_eq!(g.finish, Some(FinishReason::MaxTokens), "n={n} seq {i}");
         }
+        last = got;
     }
+    last
 }
 
 /// A seeded, sampled sequence draws the same tokens alone in a batch, among three others, and
 /// in a session.
 #[test]
 fn seeded_sampling_does_not_depend_on_the_batch() {
-    let e = demo_engine();
+    seeded_sampling_alone_and_in_a_crowd(demo_engine());
+}
+
+/// [`seeded_sampling_does_not_depend_on_the_batch`] with MTP speculation (the reference is a
+/// lone session speculating the same way: speculative sampling draws its own random numbers).
+#[test]
+fn seeded_sampling_with_mtp_does_not_depend_on_the_batch() {
+    seeded_sampling_alone_and_in_a_crowd(mtp_engine());
+}
+
+fn seeded_sampling_alone_and_in_a_crowd(e: &Engine) {
     let sampled = |seed| SamplingParams {
         temperature: 0.9,
         seed,
@@ -189,7 +262,7 @@ fn seeded_sampling_does_not_depend_on_the_batch() {
     let with_four = run(&mut batch(e, 4, 32), &crowd);
     assert_eq!(with_one[0].tokens.len(), 16);
     assert_eq!(with_one[0].tokens, with_four[0].tokens);
-    let session = alone(e, &crowd[0].prompt, crowd[0].params.clone(), 16);
+    let session = alone_as_engine(e, &crowd[0].prompt, crowd[0].params.clone(), 16);
     assert_eq!(with_one[0].tokens, session);
     // The seed matters (the test would not see a batch-dependent stream otherwise).
     assert_ne!(with_four[0].tokens, with_four[1].tokens);
@@ -199,7 +272,16 @@ fn seeded_sampling_does_not_depend_on_the_batch() {
 /// and the others' tokens are those they get alone.
 #[test]
 fn cancelled_sequence_leaves_the_others_unchanged() {
-    let e = demo_engine();
+    cancel_leaves_the_others(demo_engine());
+}
+
+/// [`cancelled_sequence_leaves_the_others_unchanged`] with MTP speculation.
+#[test]
+fn cancelled_sequence_with_mtp_leaves_the_others_unchanged() {
+    cancel_leaves_the_others(mtp_engine());
+}
+
+fn cancel_leaves_the_others(e: &Engine) {
     let token = CancelToken::new();
     let mut reqs = vec![
         Req::greedy(prompt(e, 9, 0), 12, 0),
@@ -381,4 +463,105 @@ fn short_request_first_token_during_long_prefill() {
         ratio <= 3.0,
         "TTFT during a long prefill is {ratio:.2}x the idle one"
     );
+}
+
+/// With MTP on, a sequence recording log probabilities (it decodes one token per step, each
+/// from a row of its own) shares the pass with sequences that draft: its tokens are a lone
+/// session's and its log probabilities equal them within the multi-row rounding of the
+/// kernels (logits within 1e-3 relative, `qwen-model/tests/batch_forward.rs`); the drafting
+/// sequences get their plain greedy tokens.
+#[test]
+fn logprobs_sequence_beside_drafting_ones_with_mtp() {
+    let e = mtp_engine();
+    let target = prompt(e, 17, 4);
+    let mut s = e.session().unwrap();
+    let mut want = Vec::new();
+    let mut g = s
+        .generate_sequence(
+            Prompt::Tokens(target.clone()),
+            SamplingParams::greedy(),
+            stop(12),
+        )
+        .unwrap()
+        .with_logprobs(2);
+    while let Some(ev) = g.next() {
+        let ev = ev.unwrap();
+        want.push((ev.token.unwrap(), g.take_logprob().unwrap()));
+    }
+    let mut b = batch(e, 4, 16);
+    let options = SeqOptions {
+        logprobs: Some(2),
+        ..SeqOptions::default()
+    };
+    let id = b
+        .add_with(
+            Prompt::Tokens(target),
+            SamplingParams::greedy(),
+            stop(12),
+            options,
+        )
+        .unwrap();
+    let others: Vec<(SeqId, Vec<u32>)> = (0..3)
+        .map(|i| {
+            let p = prompt(e, 6 + 7 * i, 30 + 5 * i);
+            let id = b
+                .add(
+                    Prompt::Tokens(p.clone()),
+                    SamplingParams::greedy(),
+                    stop(14),
+                )
+                .unwrap();
+            (id, p)
+        })
+        .collect();
+    let mut got = Vec::new();
+    let mut other_tokens: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut drafted = 0;
+    while b.active() > 0 {
+        for ev in b.step().unwrap() {
+            if let BatchEvent::Token {
+                id: i,
+                event,
+                logprob,
+                spec,
+                ..
+            } = ev
+            {
+                if i == id {
+                    got.push((event.token.unwrap(), logprob.unwrap()));
+                    assert_eq!(
+                        spec.map_or(0, |s| s.drafted),
+                        0,
+                        "a logprobs sequence drafts"
+                    );
+                } else {
+                    other_tokens.entry(i).or_default().extend(event.token);
+                    drafted = drafted.max(spec.map_or(0, |s| s.drafted));
+                }
+            }
+        }
+    }
+    assert!(drafted > 0, "the other sequences drafted nothing");
+    assert_eq!(got.len(), want.len());
+    for (k, ((t, lp), (wt, wlp))) in got.iter().zip(&want).enumerate() {
+        assert_eq!(t, wt, "token {k}");
+        let tol = 1e-3 * wlp.logprob.abs().max(1.0);
+        assert!(
+            (lp.logprob - wlp.logprob).abs() <= tol,
+            "token {k}: {lp:?} vs {wlp:?}"
+        );
+        for ((a, x), (b, y)) in lp.top.iter().zip(&wlp.top) {
+            assert_eq!(a, b, "token {k}");
+            assert!(
+                (x - y).abs() <= 1e-3 * y.abs().max(1.0),
+                "token {k}: {x} vs {y}"
+            );
+        }
+    }
+    for (id, p) in others {
+        assert_eq!(
+            other_tokens[&id],
+            alone(e, &p, SamplingParams::greedy(), 14)
+        );
+    }
 }

@@ -135,6 +135,14 @@ fn endpoints_streaming_and_usage() {
     assert!(s.metric("pn_tokens_generated_total") >= 8.0 * 3.0 + 10.0 * 2.0 + 16.0);
     assert_eq!(s.metric("pn_queue_depth"), 0.0);
     assert!(s.metric("pn_prompt_tokens_cached_total") >= prompt_tokens as f64);
+    // The batch speculates (`--spec mtp` is the default): the greedy requests above drafted
+    // with the MTP head, and the stop-string cut above landed right whatever the run.
+    let (drafted, accepted) = (
+        s.metric("pn_spec_drafted_total"),
+        s.metric("pn_spec_accepted_total"),
+    );
+    assert!(drafted > 0.0 && accepted <= drafted, "{metrics}");
+    assert!(s.metric("pn_spec_verify_passes_total") > 0.0);
 }
 
 #[test]

@@ -277,3 +277,76 @@ fn batch_errors_name_the_limit() {
     // Nothing ran: both states are still empty.
     assert_eq!((a.pos(), b.pos()), (0, 0));
 }
+
+/// A pass where one sequence wants the hidden states of all its rows and no logits (a
+/// speculative batch's prefill chunk) and others want logits (one with its hidden state too):
+/// the head runs over the logit rows only, and each gets what it gets alone within rounding.
+#[test]
+fn hidden_only_rows_beside_logit_rows() {
+    let m = model();
+    let (v, d) = (m.config.vocab, m.config.hidden);
+    let prompts = [toks(6, 1, v), toks(3, 2, v), toks(9, 3, v)];
+    let inputs = [toks(5, 4, v), toks(1, 5, v), toks(2, 6, v)];
+    let mut ws = m.new_workspace(32).unwrap();
+    let mut lone = Vec::new();
+    let mut states = Vec::new();
+    for (p, x) in prompts.iter().zip(&inputs) {
+        let mut a = m.new_state(64).unwrap();
+        m.forward(&mut a, &mut ws, p, Outputs::default()).unwrap();
+        let mut b = m.new_state(64).unwrap();
+        m.forward(&mut b, &mut ws, p, Outputs::default()).unwrap();
+        let (mut l, mut h) = (vec![0.0; x.len() * v], vec![0.0; x.len() * d]);
+        let out = Outputs {
+            logits: Some(&mut l),
+            hidden: Some(&mut h),
+            all_rows: true,
+            layer_residuals: None,
+        };
+        m.forward(&mut a, &mut ws, x, out).unwrap();
+        lone.push((l, h));
+        states.push(b);
+    }
+    // Sequence 0: hidden only, every row; 1: logits of its row; 2: logits and hidden.
+    let mut h0 = vec![0.0; 5 * d];
+    let mut l1 = vec![0.0; v];
+    let (mut l2, mut h2) = (vec![0.0; 2 * v], vec![0.0; 2 * d]);
+    let [s0, s1, s2] = &mut states[..] else {
+        unreachable!()
+    };
+    let mut seqs = [
+        BatchSeq {
+            state: s0,
+            tokens: &inputs[0],
+            out: Outputs {
+                hidden: Some(&mut h0),
+                all_rows: true,
+                ..Outputs::default()
+            },
+            trace: None,
+        },
+        BatchSeq {
+            state: s1,
+            tokens: &inputs[1],
+            out: Outputs::last_logits(&mut l1),
+            trace: None,
+        },
+        BatchSeq {
+            state: s2,
+            tokens: &inputs[2],
+            out: Outputs {
+                logits: Some(&mut l2),
+                hidden: Some(&mut h2),
+                all_rows: true,
+                layer_residuals: None,
+            },
+            trace: None,
+        },
+    ];
+    m.forward_batch(&mut ws, &mut seqs).unwrap();
+    drop(seqs);
+    assert!(max_rel_diff(&h0, &lone[0].1) <= LOGIT_TOL);
+    assert!(max_rel_diff(&l1, &lone[1].0) <= LOGIT_TOL);
+    assert!(max_rel_diff(&l2, &lone[2].0) <= LOGIT_TOL);
+    assert!(max_rel_diff(&h2, &lone[2].1) <= LOGIT_TOL);
+    assert_eq!(argmax(&l1), argmax(&lone[1].0));
+}

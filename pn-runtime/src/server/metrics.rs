@@ -38,6 +38,11 @@ pub struct Metrics {
     batch_rows: AtomicU64,
     /// Sequences in the last step.
     batch_last: AtomicU64,
+    /// Speculative decoding of finished requests: draft tokens proposed, accepted, and
+    /// verification passes (summed over requests).
+    spec_drafted: AtomicU64,
+    spec_accepted: AtomicU64,
+    spec_passes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -59,6 +64,9 @@ impl Default for Metrics {
             batch_sequences: AtomicU64::new(0),
             batch_rows: AtomicU64::new(0),
             batch_last: AtomicU64::new(0),
+            spec_drafted: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
+            spec_passes: AtomicU64::new(0),
         }
     }
 }
@@ -146,6 +154,16 @@ impl Metrics {
         self.batch_last.store(n, Ordering::Relaxed);
     }
 
+    /// Adds a finished request's speculative decoding counters.
+    pub fn record_spec(&self, stats: &crate::speculative::SpecStats) {
+        self.spec_drafted
+            .fetch_add(stats.drafted, Ordering::Relaxed);
+        self.spec_accepted
+            .fetch_add(stats.accepted, Ordering::Relaxed);
+        self.spec_passes
+            .fetch_add(stats.target_passes, Ordering::Relaxed);
+    }
+
     /// The batch-size histogram and its companions, in the text format.
     fn render_batch(&self, s: &mut String) {
         let _ = writeln!(
@@ -175,6 +193,29 @@ impl Metrics {
             "# HELP pn_batch_size_last Sequences in the last batched step.\n# TYPE pn_batch_size_last gauge\npn_batch_size_last {}",
             self.batch_last.load(Ordering::Relaxed)
         );
+        for (name, help, v) in [
+            (
+                "pn_spec_drafted_total",
+                "MTP draft tokens proposed (finished requests).",
+                &self.spec_drafted,
+            ),
+            (
+                "pn_spec_accepted_total",
+                "MTP draft tokens accepted (finished requests).",
+                &self.spec_accepted,
+            ),
+            (
+                "pn_spec_verify_passes_total",
+                "Speculative verification steps (finished requests); tokens per step = 1 + accepted / steps.",
+                &self.spec_passes,
+            ),
+        ] {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
     }
 
     /// Counts a request whose worker panicked.

@@ -7,7 +7,9 @@
 //! the async HTTP side only waits on channels. A request waits in a bounded FIFO queue for a
 //! free slot; among free slots it takes the one whose cached tokens (live state or prompt-cache
 //! checkpoint) share the longest prefix with its prompt, so a continuing conversation does not
-//! re-process its history. The batch decodes without speculation (MTP drafting is not batched).
+//! re-process its history. With `--spec mtp` each sequence's decode step is a speculative one
+//! inside the batch (its MTP drafts verified in the shared pass, its own accepted prefix and
+//! rollback); `/metrics` sums the counters (`pn_spec_*`).
 
 use super::error::ApiError;
 use super::metrics::{Gauges, Metrics};
@@ -312,6 +314,7 @@ impl Scheduler {
                 event,
                 timings,
                 logprob,
+                spec,
             } => {
                 let Some(r) = lp.jobs.get(&id) else {
                     return;
@@ -328,6 +331,9 @@ impl Scheduler {
                     r.job.cancel.cancel();
                 }
                 if let Some(f) = event.finish {
+                    if let Some(st) = spec {
+                        self.metrics.record_spec(&st);
+                    }
                     self.finish(lp, id, f, timings);
                 }
             }

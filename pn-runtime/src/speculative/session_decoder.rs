@@ -24,6 +24,22 @@ struct Undo {
     h_prev: Vec<f32>,
 }
 
+/// A step between its draft ([`SpecDecoder::draft`]) and its verification pass
+/// ([`SpecDecoder::finish`]).
+#[derive(Debug, Default)]
+struct Pending {
+    /// Trunk position before the verification pass.
+    n: usize,
+    /// Length of `penalty_hist` before the drafts (the history window and `x_n`).
+    base: usize,
+    /// `[x_n, d_1..d_N]`: the verification rows.
+    rows: Vec<u32>,
+    /// The MTP cache length after `x_n`'s row, when drafting made that row.
+    mtp_after_x: Option<usize>,
+    /// The carried `h_{n-1}` belongs to this sequence (`x_n` can get its MTP row).
+    h_valid: bool,
+}
+
 /// What one [`SpecDecoder::step`] continues from.
 #[derive(Debug, Clone, Copy)]
 pub struct StepInput<'a> {
@@ -52,6 +68,8 @@ pub struct SpecDecoder<B: Backend> {
     /// GDN states after each row of the last verification pass (rollback without replay).
     trace: Option<StateTrace<B>>,
     undo: Undo,
+    /// The drafted step waiting for its verification pass.
+    pending: Pending,
     stats: SpecStats,
     backoff: Backoff,
     // Scratch buffers, reused across steps (grown on demand, never shrunk).
@@ -120,6 +138,7 @@ impl<B: Backend> SpecDecoder<B> {
             h_for: None,
             trace: None,
             undo: Undo::default(),
+            pending: Pending::default(),
             stats: SpecStats::default(),
             backoff: Backoff::default(),
             prompt_h: Vec::new(),
@@ -210,7 +229,7 @@ impl<B: Backend> SpecDecoder<B> {
             return model.forward(state, ws, tokens, out);
         }
         let d = model.config.hidden;
-        let (pos0, r) = (state.pos(), tokens.len());
+        let r = tokens.len();
         self.prompt_h.resize(r * d, 0.0);
         let (head, last) = self.prompt_h.split_at_mut((r - 1) * d);
         if r > 1 {
@@ -228,6 +247,65 @@ impl<B: Backend> SpecDecoder<B> {
             layer_residuals: None,
         };
         model.forward(state, ws, &tokens[r - 1..], o)?;
+        self.fed(model, state, ws, tokens)
+    }
+
+    /// Whether the trunk's hidden states of fed rows are needed (the MTP cache follows them):
+    /// a pass that feeds this decoder's sequence outside [`forward`](Self::forward) then takes
+    /// [`feed_outputs`](Self::feed_outputs), and calls [`fed`](Self::fed) after it.
+    pub fn tracks_hidden(&self) -> bool {
+        self.use_mtp
+    }
+
+    /// The outputs of a pass (a batched one) feeding `rows` tokens of this decoder's sequence:
+    /// the trunk's hidden state of every row (into the decoder, `[rows, hidden]`) when
+    /// [`tracks_hidden`](Self::tracks_hidden), and `logits` (`[vocab]`, the last row's). With
+    /// hidden states tracked, a pass with logits feeds one row (as the second pass of
+    /// [`forward`](Self::forward)): the head would otherwise run over every row.
+    pub fn feed_outputs<'a>(
+        &'a mut self,
+        hidden: usize,
+        rows: usize,
+        logits: Option<&'a mut [f32]>,
+    ) -> Result<Outputs<'a>, ModelError> {
+        self.undo.valid = false;
+        if !self.use_mtp {
+            return Ok(Outputs {
+                logits,
+                ..Outputs::default()
+            });
+        }
+        if rows == 0 || (logits.is_some() && rows != 1) {
+            return Err(ModelError::BadArgument(format!(
+                "speculative feed of {rows} rows with logits (MTP-tracked feeds with logits take one row)"
+            )));
+        }
+        self.prompt_h.resize(rows * hidden, 0.0);
+        Ok(Outputs {
+            logits,
+            hidden: Some(&mut self.prompt_h[..rows * hidden]),
+            all_rows: true,
+            layer_residuals: None,
+        })
+    }
+
+    /// After a pass fed `tokens` (the state now ends with them) with the outputs of
+    /// [`feed_outputs`](Self::feed_outputs) (or the passes of [`forward`](Self::forward)):
+    /// adds their rows to the MTP cache and carries the last row's hidden state.
+    pub fn fed(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        self.undo.valid = false;
+        let (d, r) = (model.config.hidden, tokens.len());
+        if !self.use_mtp || r == 0 || self.prompt_h.len() < r * d || state.pos() < r {
+            self.h_for = None;
+            return Ok(());
+        }
+        let pos0 = state.pos() - r;
         // MTP rows (x_{p+1}, h_p): the first token pairs with the carried `h` (if it belongs
         // to this sequence's previous position; otherwise its row is left out).
         state.truncate_mtp(pos0.saturating_sub(1));
@@ -243,7 +321,8 @@ impl<B: Backend> SpecDecoder<B> {
             .extend_from_slice(&self.prompt_h[..(r - 1) * d]);
         let rope0 = if with_first { pos0 } else { pos0 + 1 };
         self.add_mtp_rows(model, state, ws, rope0)?;
-        self.last_h.copy_from_slice(&self.prompt_h[(r - 1) * d..]);
+        self.last_h
+            .copy_from_slice(&self.prompt_h[(r - 1) * d..r * d]);
         self.h_for = Some(pos0 + r);
         Ok(())
     }
@@ -276,6 +355,10 @@ impl<B: Backend> SpecDecoder<B> {
     /// `[x_n, drafts]` in one trunk pass, and returns the accepted drafts and the token after
     /// them (the replacement of the first rejected draft, or the bonus token). The state then
     /// holds `history, x_n, accepted`.
+    ///
+    /// It is [`draft`](Self::draft), the verification pass over
+    /// [`verify_parts`](Self::verify_parts), then [`finish`](Self::finish): a batch runs those
+    /// phases itself, the pass shared with other sequences.
     pub fn step(
         &mut self,
         model: &Model<B>,
@@ -284,6 +367,26 @@ impl<B: Backend> SpecDecoder<B> {
         sampler: &mut Sampler,
         input: StepInput<'_>,
     ) -> Result<(Vec<u32>, u32), ModelError> {
+        self.draft(model, state, ws, sampler, input)?;
+        let (rows, out, trace) = self.verify_parts(model.config.vocab, model.config.hidden);
+        match trace {
+            Some(t) => model.forward_traced(state, ws, rows, out, t)?,
+            None => model.forward(state, ws, rows, out)?,
+        }
+        self.finish(model, state, ws, sampler)
+    }
+
+    /// The first phase of a [`step`](Self::step): drafts the tokens after `input.x_n` (with
+    /// the MTP head, on the state's MTP cache) and stages the verification rows `[x_n,
+    /// drafts]`, its outputs and (with drafts) its state trace. Returns the row count.
+    pub fn draft(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        sampler: &mut Sampler,
+        input: StepInput<'_>,
+    ) -> Result<usize, ModelError> {
         let StepInput {
             history,
             x_n,
@@ -366,30 +469,80 @@ impl<B: Backend> SpecDecoder<B> {
         }
         self.penalty_hist.extend_from_slice(&drafts);
 
-        // 2. Verify [x_n, drafts] in one trunk pass (all rows' logits and hidden states).
+        // 2. Stage the verification of [x_n, drafts] (all rows' logits and hidden states).
         let k = drafts.len() + 1;
-        let mut batch = Vec::with_capacity(k);
-        batch.push(x_n);
-        batch.extend_from_slice(&drafts);
+        let p = &mut self.pending;
+        p.rows.clear();
+        p.rows.push(x_n);
+        p.rows.extend_from_slice(&drafts);
+        (p.n, p.base, p.mtp_after_x, p.h_valid) = (n, base, mtp_after_x, h_valid);
         self.verify_logits.resize(k * v, 0.0);
         self.verify_h.resize(k * d, 0.0);
+        if k > 1 && self.trace.as_ref().is_none_or(|t| t.max_rows() < k) {
+            // Record the GDN state after every row: a rejection then rolls back by copying.
+            // (A trace too small for this step is dropped before the larger one is made.)
+            self.trace = None;
+            self.trace = Some(StateTrace::new(cfg, be, k)?);
+        }
+        Ok(k)
+    }
+
+    /// The rows `[x_n, drafts]` of the staged verification pass.
+    pub fn verify_rows(&self) -> &[u32] {
+        &self.pending.rows
+    }
+
+    /// The staged verification pass of the last [`draft`](Self::draft) (`vocab` and
+    /// `hidden`: the model's): its rows `[x_n, drafts]`, the outputs it writes (every row's
+    /// logits and hidden state, into the decoder) and, when it has drafts, the trace of its
+    /// GDN states (a pass with drafts must record it: [`finish`](Self::finish) rolls back
+    /// from it).
+    pub fn verify_parts(
+        &mut self,
+        vocab: usize,
+        hidden: usize,
+    ) -> (&[u32], Outputs<'_>, Option<&mut StateTrace<B>>) {
+        let k = self.pending.rows.len();
         let out = Outputs {
-            logits: Some(&mut self.verify_logits[..k * v]),
-            hidden: Some(&mut self.verify_h[..k * d]),
+            logits: Some(&mut self.verify_logits[..k * vocab]),
+            hidden: Some(&mut self.verify_h[..k * hidden]),
             all_rows: true,
             layer_residuals: None,
         };
-        if k > 1 {
-            // Record the GDN state after every row: a rejection then rolls back by copying.
-            // (A trace too small for this step is dropped before the larger one is made.)
-            let trace = match self.trace.take().filter(|t| t.max_rows() >= k) {
-                Some(t) => self.trace.insert(t),
-                None => self.trace.insert(StateTrace::new(cfg, be, k)?),
-            };
-            model.forward_traced(state, ws, &batch, out, trace)?;
-        } else {
-            model.forward(state, ws, &batch, out)?;
+        let trace = if k > 1 { self.trace.as_mut() } else { None };
+        (&self.pending.rows, out, trace)
+    }
+
+    /// The last phase of a [`step`](Self::step), after the verification pass ran over
+    /// [`verify_parts`](Self::verify_parts): accepts a prefix of the drafts, rolls the state
+    /// back past it, and keeps the MTP cache in step. Returns the accepted drafts and the
+    /// token after them.
+    pub fn finish(
+        &mut self,
+        model: &Model<B>,
+        state: &mut State<B>,
+        ws: &mut Workspace<B>,
+        sampler: &mut Sampler,
+    ) -> Result<(Vec<u32>, u32), ModelError> {
+        let (cfg, be) = (&model.config, &model.backend);
+        let (v, d) = (cfg.vocab, cfg.hidden);
+        let Pending {
+            n,
+            base,
+            mtp_after_x,
+            h_valid,
+            ..
+        } = self.pending;
+        let batch = std::mem::take(&mut self.pending.rows);
+        let drafts = &batch[1..];
+        let k = batch.len();
+        if k == 0 || state.pos() != n + k {
+            self.pending.rows = batch;
+            return Err(ModelError::BadArgument(
+                "speculative finish without its verification pass".into(),
+            ));
         }
+        let x_n = batch[0];
         self.stats.target_passes += 1;
         self.stats.verify_rows += k as u64;
         self.stats.drafted += drafts.len() as u64;
@@ -469,7 +622,10 @@ impl<B: Backend> SpecDecoder<B> {
         self.undo.pos = n;
         self.undo.tokens.clear();
         self.undo.tokens.extend_from_slice(&batch[..a + 1]);
-        Ok((drafts[..a].to_vec(), next))
+        let accepted = drafts[..a].to_vec();
+        self.pending.rows = batch;
+        self.pending.rows.clear();
+        Ok((accepted, next))
     }
 
     /// After a [`step`](Self::step) that accepted `a` drafts, rolls the state back to

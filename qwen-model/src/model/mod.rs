@@ -298,8 +298,10 @@ impl<B: Backend> Model<B> {
             self.config.rms_eps,
         );
         // The rows wanted, contiguous: the residual itself when they are its first rows (one
-        // sequence), else gathered into `embed_rows` (`[n, D]`, n <= max_rows).
-        let (mut n, mut picks, mut first_src) = (0, 0, 0);
+        // sequence), else gathered into `embed_rows` (`[n, D]`, n <= max_rows), the rows of
+        // sequences that want logits first (the head runs over those `n_logit` rows only: a
+        // batched prefill chunk that wants hidden states alone does not pay for it).
+        let (mut n, mut n_logit, mut picks, mut first_src) = (0, 0, 0, 0);
         let (mut logits, mut hidden) = (false, false);
         for i in 0..segs.len() {
             if let Some((src, k, _)) = pick(segs, i) {
@@ -307,6 +309,9 @@ impl<B: Backend> Model<B> {
                 first_src = if picks == 1 { src } else { first_src };
                 logits |= segs[i].out.logits.is_some();
                 hidden |= segs[i].out.hidden.is_some();
+                if segs[i].out.logits.is_some() {
+                    n_logit += k;
+                }
             }
         }
         if picks == 0 {
@@ -315,10 +320,15 @@ impl<B: Backend> Model<B> {
         let direct = picks == 1 && first_src == 0;
         if !direct {
             let mut at = 0;
-            for i in 0..segs.len() {
-                if let Some((src, k, _)) = pick(segs, i) {
-                    be.copy(&ws.resid, src * d, &mut ws.embed_rows, at * d, k * d)?;
-                    at += k;
+            for with_logits in [true, false] {
+                for i in 0..segs.len() {
+                    if segs[i].out.logits.is_some() != with_logits {
+                        continue;
+                    }
+                    if let Some((src, k, _)) = pick(segs, i) {
+                        be.copy(&ws.resid, src * d, &mut ws.embed_rows, at * d, k * d)?;
+                        at += k;
+                    }
                 }
             }
         }
@@ -341,24 +351,30 @@ impl<B: Backend> Model<B> {
                     &mut ws.rotated,
                     self.rot_block(),
                     &ws.final_normed,
-                    n,
+                    n_logit,
                     [(head.matrix, &mut ws.logits)],
                 )?;
             }
         }
+        // The rows in the gathered order (those with logits first).
         let mut at = 0;
-        for i in 0..segs.len() {
-            let Some((_, k, first)) = pick(segs, i) else {
-                continue;
-            };
-            let out = &mut *segs[i].out;
-            if let Some(h) = out.hidden.as_deref_mut() {
-                be.download(&ws.final_normed, at * d, &mut h[first * d..(first + k) * d])?;
+        for with_logits in [true, false] {
+            for i in 0..segs.len() {
+                if segs[i].out.logits.is_some() != with_logits {
+                    continue;
+                }
+                let Some((_, k, first)) = pick(segs, i) else {
+                    continue;
+                };
+                let out = &mut *segs[i].out;
+                if let Some(h) = out.hidden.as_deref_mut() {
+                    be.download(&ws.final_normed, at * d, &mut h[first * d..(first + k) * d])?;
+                }
+                if let Some(l) = out.logits.as_deref_mut() {
+                    be.download(&ws.logits, at * v, &mut l[first * v..(first + k) * v])?;
+                }
+                at += k;
             }
-            if let Some(l) = out.logits.as_deref_mut() {
-                be.download(&ws.logits, at * v, &mut l[first * v..(first + k) * v])?;
-            }
-            at += k;
         }
         Ok(())
     }

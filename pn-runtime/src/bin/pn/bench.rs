@@ -14,15 +14,15 @@
 //!
 //! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
 //! the repetitions. `--parallel N` (`-np`, comma-separated) runs each tg test with N
-//! sequences decoded together in one [`Batch`] (one forward pass per token of all of them, no
-//! speculation), named `tgN xP`: its `avg_ts` is the aggregate decode throughput of the N
-//! streams, `n_parallel` says N, and each sequence's first token (its prompt's pass) is not
-//! timed. With speculative decoding on (`--spec mtp`, the default for a model with an
+//! sequences decoded together in one [`Batch`] (one forward pass per step of all of them; with
+//! speculation, each sequence's drafts verified in that pass), named `tgN xP`: its `avg_ts` is
+//! the aggregate decode throughput of the N streams, `n_parallel` says N, and each sequence's
+//! first token (its prompt's passes) is not timed. With speculative decoding on (`--spec mtp`, the default for a model with an
 //! MTP block) a tg test is a greedy generation with drafting, and its object also has `spec`
 //! (`"mtp"`), `n_draft`, `spec_acceptance` (accepted / drafted) and `spec_tokens_per_pass`.
 
 use crate::engine_args::{self, ModelArgs};
-use pn_runtime::engine::batch::{Batch, BatchOptions};
+use pn_runtime::engine::batch::{Batch, BatchEvent, BatchOptions};
 use pn_runtime::engine::{Prompt, StopConditions};
 use pn_runtime::sampling::SamplingParams;
 use pn_runtime::speculative::SpecStats;
@@ -230,16 +230,17 @@ fn run_spec_tg(
 }
 
 /// A tg test of `np` sequences decoded together in one [`Batch`]: each gets `depth` context
-/// tokens and a start token of its own (its prompt, not timed: the first step runs the
-/// prompts and samples the first tokens), then the steps until each has `n_gen` tokens are
-/// timed. Returns the nanoseconds of each repetition and the tokens each timed.
+/// tokens and a start token of its own (its prompt, not timed: the steps until every sequence
+/// has its first token), then the steps until each has `n_gen` tokens are timed. Returns the
+/// nanoseconds of each repetition, the tokens each timed, and with speculation the counters
+/// summed over the sequences and repetitions.
 fn run_batch_tg(
     engine: &Engine,
     depth: usize,
     n_gen: usize,
     reps: usize,
     np: usize,
-) -> Result<(Vec<u64>, usize), Box<dyn std::error::Error>> {
+) -> Result<BatchTg, Box<dyn std::error::Error>> {
     let options = BatchOptions {
         slots: np,
         prefill_chunk: (np * (depth + 1)).max(engine.options().batch),
@@ -254,7 +255,7 @@ fn run_batch_tg(
             .concat()
         })
         .collect();
-    let timed = np * n_gen.saturating_sub(1);
+    let (mut timed, mut spec) = (0, None::<SpecStats>);
     for rep in 0..=reps {
         // A fresh batch each time, so no repetition reuses the last one's prompts.
         let mut batch = Batch::new(engine, options)?;
@@ -271,18 +272,54 @@ fn run_batch_tg(
                 stop,
             )?;
         }
-        // The prompts and the first tokens: one step (the prefill chunk holds every prompt).
-        batch.step()?;
+        // The prompts and the first tokens (the prefill chunk holds every prompt: one step,
+        // or two when the MTP cache follows the prompt and its last token runs alone).
+        // (A speculative step there may give a sequence more tokens; they are not timed.)
+        let mut first = std::collections::HashSet::new();
+        while first.len() < np && batch.active() > 0 {
+            for ev in batch.step()? {
+                if let BatchEvent::Token { id, .. } = ev {
+                    first.insert(id);
+                }
+            }
+        }
         let t0 = Instant::now();
+        let mut got = 0;
+        let mut stats = None::<SpecStats>;
         while batch.active() > 0 {
-            batch.step()?;
+            for ev in batch.step()? {
+                if let BatchEvent::Token { event, spec: s, .. } = ev {
+                    got += usize::from(event.token.is_some());
+                    if let (Some(s), true) = (s, event.finish.is_some()) {
+                        *stats.get_or_insert_with(SpecStats::default) += s;
+                    }
+                }
+            }
         }
         let ns = t0.elapsed().as_nanos() as u64;
         if rep > 0 {
             samples.push(ns.max(1));
+            timed = got;
+            if let Some(s) = stats {
+                *spec.get_or_insert_with(SpecStats::default) += s;
+            }
         }
     }
-    Ok((samples, timed))
+    Ok(BatchTg {
+        samples,
+        timed,
+        spec,
+    })
+}
+
+/// What [`run_batch_tg`] measured.
+struct BatchTg {
+    /// Nanoseconds of each repetition.
+    samples: Vec<u64>,
+    /// Tokens one repetition timed.
+    timed: usize,
+    /// Speculative counters summed over sequences and repetitions (`None`: speculation off).
+    spec: Option<SpecStats>,
 }
 
 /// Runs the subcommand.
@@ -338,8 +375,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for (d, p, n, np) in tests {
         let (samples_ns, spec, tokens) = match np {
             Some(np) => {
-                let (ns, timed) = run_batch_tg(&engine, d, n, reps, np)?;
-                (ns, None, timed as f64)
+                let r = run_batch_tg(&engine, d, n, reps, np)?;
+                (r.samples, r.spec, r.timed as f64)
             }
             None => {
                 let (ns, spec) = run_test(&engine, d, p, n, reps)?;

@@ -167,13 +167,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let engine = engine_args::load_engine(&args.model, true)?;
     // Every slot allocates its own KV cache: refuse a --parallel that cannot fit, with numbers.
     engine.check_slots_memory(args.parallel)?;
-    if args.model.spec == "mtp" {
-        // The batch scheduler has no MTP drafting yet: say so rather than ignore --spec.
-        eprintln!(
-            "note: pn serve decodes its --parallel slots as one batch, without MTP speculation \
-             (--spec applies to pn run, chat and bench)"
-        );
-    }
     let config = ServerConfig {
         host: args.host,
         port: args.port,

@@ -4,10 +4,12 @@
 
 use super::{BatchEvent, BatchOptions, SeqId, SeqOptions, StepInfo};
 use crate::engine::error::{EngineError, Result};
-use crate::engine::session::{SessionCore, TokenStream};
+use crate::engine::session::{SessionCore, SpecRun, TokenStream};
+use crate::engine::TokenEvent;
 use crate::engine::{Engine, FinishReason, StopConditions, Timings};
 use crate::sampling::SamplingParams;
-use qwen_model::{Backend, BatchSeq, Model, Outputs, Workspace};
+use crate::speculative::Speculation;
+use qwen_model::{Backend, BatchSeq, Model, ModelError, Outputs, Workspace};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,7 +74,8 @@ struct Active {
     started: bool,
 }
 
-/// One slot: a session core (state, tokens, prompt cache) and the sequence it runs.
+/// One slot: a session core (state, tokens, prompt cache, speculative decoder) and the
+/// sequence it runs.
 struct Slot<B: Backend> {
     core: SessionCore<B>,
     seq: Option<Active>,
@@ -80,6 +83,10 @@ struct Slot<B: Backend> {
     rows: Vec<u32>,
     /// Whether the current step writes its logits.
     wants_logits: bool,
+    /// Whether `rows` are a speculative verification `[x_n, drafts]` (the decoder's outputs).
+    verify: bool,
+    /// The last speculative step's run, emitted after its pass.
+    run: SpecRun,
 }
 
 /// The batch on backend `B`.
@@ -109,11 +116,19 @@ impl<B: Backend> BatchCore<B> {
                     seq: None,
                     rows: Vec::new(),
                     wants_logits: false,
+                    verify: false,
+                    run: SpecRun::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // A decoding sequence feeds `1 + drafts` rows (its verification), the prefill chunk
+        // the rest.
+        let per_seq = match engine.options().speculation {
+            Speculation::Mtp { draft } if model.config.n_mtp > 0 => 1 + draft,
+            _ => 1,
+        };
         Ok(BatchCore {
-            ws: model.new_workspace(n + chunk)?,
+            ws: model.new_workspace(n * per_seq + chunk)?,
             engine,
             model,
             slots,
@@ -130,14 +145,7 @@ impl<B: Backend> BatchCore<B> {
         let Some(a) = slot.seq.as_mut() else {
             return Ok(());
         };
-        if !a.started {
-            a.started = true;
-            events.push(BatchEvent::Started {
-                id: a.id,
-                processed: a.stream.timings.prompt_tokens,
-                reused: a.stream.timings.prompt_reused,
-            });
-        }
+        started(a, events);
         let event = match a.stream.stop_before_sampling() {
             Some(end) => end,
             None => {
@@ -152,21 +160,37 @@ impl<B: Backend> BatchCore<B> {
                 }
             }
         };
-        if let Some(t) = a.prompt_done {
-            a.stream.timings.generation_time = t.elapsed();
-        }
-        a.phase = Phase::Decode;
-        let done = event.finish.is_some();
-        events.push(BatchEvent::Token {
-            id: a.id,
-            event,
-            timings: a.stream.timings,
-            logprob: a.stream.take_logprob(),
-        });
-        if done {
-            slot.seq = None;
-        }
+        push_token(slot, event, events);
         Ok(())
+    }
+
+    /// After the pass verified slot `i`'s drafts: accepts a prefix of them and pushes the
+    /// events of the run (the accepted drafts and the token after them) until the sequence
+    /// ends, leaving the slot's state at the emitted tokens (a lone generation's rollback).
+    fn emit_run(&mut self, i: usize, events: &mut Vec<BatchEvent>) -> Result<()> {
+        let slot = &mut self.slots[i];
+        let x_n = slot.rows[0];
+        let Some(a) = slot.seq.as_mut() else {
+            return Ok(());
+        };
+        let first =
+            slot.core
+                .batch_spec_finish(&mut self.ws, &mut a.stream.sampler, x_n, &mut slot.run)?;
+        let mut next = Some(first);
+        while let Some(id) = next {
+            let Some(a) = slot.seq.as_mut() else {
+                break;
+            };
+            let event = match a.stream.stop_before_sampling() {
+                Some(end) => end,
+                None => a.stream.on_token(&self.engine, id, false)?,
+            };
+            if !push_token(slot, event, events) {
+                break;
+            }
+            next = slot.core.batch_run_next(&mut slot.run);
+        }
+        slot.core.batch_settle()
     }
 
     /// Plans the rows of every slot for this step: a decode row per decoding sequence, then
@@ -187,7 +211,19 @@ impl<B: Backend> BatchCore<B> {
             };
             match &a.phase {
                 Phase::Decode => {
-                    if let Some(p) = slot.core.batch_take_pending() {
+                    let Some(p) = slot.core.batch_take_pending() else {
+                        continue;
+                    };
+                    if slot.core.batch_can_speculate() && !a.stream.forces_next() {
+                        // A speculative step, as a lone generation's: draft now, verify
+                        // `[x_n, drafts]` in the pass.
+                        let budget = a.stream.draft_budget();
+                        let sampler = &mut a.stream.sampler;
+                        let rows = &mut slot.rows;
+                        slot.core
+                            .batch_spec_draft(&mut self.ws, sampler, p, budget, rows)?;
+                        slot.verify = true;
+                    } else {
                         slot.rows.push(p);
                         slot.wants_logits = true;
                     }
@@ -223,8 +259,16 @@ impl<B: Backend> BatchCore<B> {
                 slot.core.batch_checkpoint(false)?;
             }
             let to_mark = marks.front().map_or(left, |&m| m - pos);
-            let mut n = budget.min(left).min(to_mark);
-            if n == left {
+            // With the MTP cache following the prompt (hidden states of every row), the last
+            // prompt token runs alone, with the logits (a lone session's two passes): the
+            // prompt finishes with the chunk before it.
+            let end = if slot.core.batch_tracks_hidden() && left > 1 {
+                left - 1
+            } else {
+                left
+            };
+            let mut n = budget.min(end).min(to_mark);
+            if n == end {
                 finishing += n;
             } else if finishing > 0 {
                 n = n.min(finishing);
@@ -240,22 +284,63 @@ impl<B: Backend> BatchCore<B> {
     /// The forward pass over the planned rows. On an error the sequences in it end and their
     /// slots start afresh (the pass may have updated some states and not others).
     fn run_pass(&mut self) -> Result<()> {
+        let r = self.pass();
+        if let Err(e) = r {
+            for s in &mut self.slots {
+                if !s.rows.is_empty() {
+                    s.seq = None;
+                    s.rows.clear();
+                    s.verify = false;
+                    s.core.batch_reset()?;
+                }
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// [`run_pass`](Self::run_pass)'s pass: each slot's rows with the outputs it needs (a
+    /// verification's every-row logits, hidden states and state trace from its decoder; the
+    /// hidden states of every row where the decoder's MTP cache follows them; else the
+    /// logits of the last row when wanted).
+    fn pass(&mut self) -> std::result::Result<(), ModelError> {
+        let (v, d) = (self.model.config.vocab, self.model.config.hidden);
         let mut seqs: Vec<BatchSeq<'_, B>> = Vec::new();
         for s in &mut self.slots {
             if s.rows.is_empty() {
                 continue;
             }
-            let (state, logits) = s.core.batch_parts();
-            let out = if s.wants_logits {
-                Outputs::last_logits(logits)
-            } else {
-                Outputs::default()
-            };
-            seqs.push(BatchSeq {
-                state,
-                tokens: &s.rows,
-                out,
-                trace: None,
+            let Slot {
+                core,
+                rows,
+                wants_logits,
+                verify,
+                ..
+            } = s;
+            let (state, logits, spec) = core.batch_parts();
+            let logits = wants_logits.then_some(logits);
+            seqs.push(match spec {
+                Some(sp) if *verify => {
+                    let (tokens, out, trace) = sp.verify_parts(v, d);
+                    BatchSeq {
+                        state,
+                        tokens,
+                        out,
+                        trace,
+                    }
+                }
+                Some(sp) => BatchSeq {
+                    state,
+                    tokens: rows,
+                    out: sp.feed_outputs(d, rows.len(), logits)?,
+                    trace: None,
+                },
+                None => BatchSeq {
+                    state,
+                    tokens: rows,
+                    out: logits.map(Outputs::last_logits).unwrap_or_default(),
+                    trace: None,
+                },
             });
         }
         self.last = StepInfo {
@@ -265,19 +350,7 @@ impl<B: Backend> BatchCore<B> {
         if seqs.is_empty() {
             return Ok(());
         }
-        let r = self.model.forward_batch(&mut self.ws, &mut seqs);
-        drop(seqs);
-        if let Err(e) = r {
-            for s in &mut self.slots {
-                if !s.rows.is_empty() {
-                    s.seq = None;
-                    s.rows.clear();
-                    s.core.batch_reset()?;
-                }
-            }
-            return Err(e.into());
-        }
-        Ok(())
+        self.model.forward_batch(&mut self.ws, &mut seqs)
     }
 }
 
@@ -314,6 +387,7 @@ where
         let added = Instant::now();
         let s = &mut self.slots[slot];
         let (reused, marks) = s.core.batch_begin(&req.tokens)?;
+        s.core.batch_reset_spec_stats();
         let whole = reused == req.tokens.len() && s.core.batch_has_logits();
         let phase = if whole {
             Phase::Sample
@@ -362,6 +436,7 @@ where
                         event,
                         timings,
                         logprob: None,
+                        spec: s.core.batch_spec_stats(),
                     });
                     s.seq = None;
                 }
@@ -384,7 +459,12 @@ where
             if s.rows.is_empty() {
                 continue;
             }
-            s.core.batch_fed(&s.rows, s.wants_logits);
+            if s.verify {
+                s.verify = false;
+                self.emit_run(i, &mut events)?;
+                continue;
+            }
+            s.core.batch_fed(&mut self.ws, &s.rows, s.wants_logits)?;
             let Some(a) = s.seq.as_mut() else {
                 continue;
             };
@@ -421,4 +501,45 @@ where
             .iter()
             .position(|s| s.seq.as_ref().is_some_and(|a| a.id == id))
     }
+}
+
+/// Pushes [`BatchEvent::Started`] before a sequence's first token.
+fn started(a: &mut Active, events: &mut Vec<BatchEvent>) {
+    if !a.started {
+        a.started = true;
+        events.push(BatchEvent::Started {
+            id: a.id,
+            processed: a.stream.timings.prompt_tokens,
+            reused: a.stream.timings.prompt_reused,
+        });
+    }
+}
+
+/// Pushes the token event of the sequence in `slot` (emitted already: its stream took it),
+/// which leaves the slot on its last. Whether it goes on.
+fn push_token<B: Backend>(
+    slot: &mut Slot<B>,
+    event: TokenEvent,
+    events: &mut Vec<BatchEvent>,
+) -> bool {
+    let Some(a) = slot.seq.as_mut() else {
+        return false;
+    };
+    started(a, events);
+    if let Some(t) = a.prompt_done {
+        a.stream.timings.generation_time = t.elapsed();
+    }
+    a.phase = Phase::Decode;
+    let done = event.finish.is_some();
+    events.push(BatchEvent::Token {
+        id: a.id,
+        event,
+        timings: a.stream.timings,
+        logprob: a.stream.take_logprob(),
+        spec: slot.core.batch_spec_stats(),
+    });
+    if done {
+        slot.seq = None;
+    }
+    !done
 }

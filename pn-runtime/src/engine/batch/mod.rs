@@ -10,7 +10,14 @@
 //! Each sequence samples with its own sampler and seed, so its tokens do not depend on what
 //! else is in the batch.
 //!
-//! Speculative decoding (MTP) is off in a batch: every step decodes one token per sequence.
+//! With the engine's speculation on ([`EngineOptions::speculation`](super::EngineOptions)) and
+//! a model with an MTP block, a decoding sequence's step is a speculative one, as a lone
+//! generation's: it drafts with the MTP head (on its own MTP cache), the step's pass carries
+//! its `[x_n, drafts]` rows (recording its recurrent state after each), and it accepts its own
+//! prefix and rolls back its own state ([`SpecDecoder`](crate::speculative::SpecDecoder)'s
+//! `draft`, `verify_parts` and `finish`, the phases of its `step`). So a step may give a
+//! sequence several tokens. Sequences that record log probabilities or follow a grammar draft
+//! nothing: one row, one token per step.
 //!
 //! ```
 //! use pn_runtime::engine::batch::{Batch, BatchEvent, BatchOptions};
@@ -40,6 +47,7 @@ use super::error::Result;
 use super::ThinkingControl;
 use super::{Engine, EngineError, LoadedModel, Prompt, StopConditions, Timings, TokenEvent};
 use crate::sampling::{SamplingParams, TokenLogprob};
+use crate::speculative::SpecStats;
 use std::sync::Arc;
 
 /// How a [`Batch`] is shaped.
@@ -96,6 +104,8 @@ pub enum BatchEvent {
         /// The token's log probability, when the sequence records them
         /// ([`SeqOptions::logprobs`]; `None` for an end token).
         logprob: Option<TokenLogprob>,
+        /// The sequence's speculative decoding counters so far (`None`: speculation off).
+        spec: Option<SpecStats>,
     },
 }
 

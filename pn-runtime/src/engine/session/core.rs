@@ -1,6 +1,8 @@
 //! The session core: everything a [`Session`](super::Session) does, written once over the
 //! backend `B`, and the object-safe [`CoreOps`] interface the public types call it through.
 
+mod batch_slot;
+
 use super::request::ProgressFn;
 use crate::engine::error::{EngineError, Result};
 use crate::engine::prompt_cache::PromptCache;
@@ -84,7 +86,7 @@ pub(super) struct PromptRun {
 /// after `x_n` were emitted, and the length of the session's tokens before it. The session's
 /// tokens follow the emitted ones; its state may be ahead until it settles.
 #[derive(Default)]
-pub(super) struct SpecRun {
+pub(crate) struct SpecRun {
     tokens: Vec<u32>,
     emitted: usize,
     base: usize,
@@ -369,118 +371,6 @@ impl<B: Backend> SessionCore<B> {
         run.tokens.push(next);
         run.emitted = 1;
         Ok(self.emit_from_run(run))
-    }
-}
-
-/// What a slot of a [`Batch`](crate::engine::batch::Batch) asks of its session core: the batch
-/// runs the forward passes (its rows together with the other slots'), the core keeps the
-/// sequence's tokens, logits and prompt cache as a lone session does.
-impl<B: Backend> SessionCore<B> {
-    /// A core for a batch slot: as [`new`](Self::new), without speculation (batched decoding
-    /// drafts nothing) and with a workspace of one row (the batch has its own).
-    pub(crate) fn for_batch(engine: Engine, model: Arc<Model<B>>) -> Result<SessionCore<B>> {
-        Self::build(engine, model, Speculation::None, 1)
-    }
-
-    /// Starts the sequence `full` (the whole sequence, as
-    /// [`Session::generate_sequence`](super::Session::generate_sequence)): rewinds to its
-    /// longest reusable prefix and returns that prefix's length and the prompt-cache marks of
-    /// the rest (absolute positions where [`batch_checkpoint`](Self::batch_checkpoint) is to
-    /// be called before the chunk starting there).
-    pub(crate) fn batch_begin(&mut self, full: &[u32]) -> Result<(usize, Vec<usize>)> {
-        if full.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        self.check_room_total(full.len())?;
-        let reused = self.rewind_to_prefix_of(full)?;
-        let marks = if reused < full.len() {
-            self.prompt_marks(&full[reused..])
-        } else {
-            Vec::new()
-        };
-        self.has_logits = reused == full.len() && self.has_logits;
-        Ok((reused, marks))
-    }
-
-    /// Tokens the state holds (the position of the next one fed).
-    pub(crate) fn batch_pos(&self) -> usize {
-        self.fed.len()
-    }
-
-    /// [`CoreOps::reusable_prefix`] for the batch.
-    pub(crate) fn reusable_prefix_of(&self, tokens: &[u32]) -> usize {
-        match self.plan(tokens) {
-            Start::Live(n) | Start::Checkpoint(n) => n,
-            Start::Empty => 0,
-        }
-    }
-
-    /// Back to an empty sequence and prompt cache (after a failed pass).
-    pub(crate) fn batch_reset(&mut self) -> Result<()> {
-        let m = &*self.model;
-        self.fed.clear();
-        self.pending = None;
-        self.has_logits = false;
-        self.cache.clear();
-        self.state.reset(&m.config, &m.backend)?;
-        Ok(())
-    }
-
-    /// Whether the logits after the last fed token are at hand (a prompt the cache held whole).
-    pub(crate) fn batch_has_logits(&self) -> bool {
-        self.has_logits
-    }
-
-    /// A prompt-cache checkpoint at the current position (a mark inside a prompt), or at the
-    /// end of a prompt with its logits when `end`.
-    pub(crate) fn batch_checkpoint(&mut self, end: bool) -> Result<()> {
-        if end {
-            return self.prompt_checkpoint();
-        }
-        let m = &*self.model;
-        self.cache
-            .insert(&self.state, &m.config, &m.backend, None, None)?;
-        Ok(())
-    }
-
-    /// The pending token (a sampled one not yet fed), taken: the batch feeds it next.
-    pub(crate) fn batch_take_pending(&mut self) -> Option<u32> {
-        self.pending.take()
-    }
-
-    /// The state and the logits buffer (`[vocab]`), for one batched pass.
-    pub(crate) fn batch_parts(&mut self) -> (&mut State<B>, &mut [f32]) {
-        (&mut self.state, self.logits.as_mut_slice())
-    }
-
-    /// After a batched pass fed `tokens`; `logits`: whether it wrote the logits after the last.
-    pub(crate) fn batch_fed(&mut self, tokens: &[u32], logits: bool) {
-        self.fed.extend_from_slice(tokens);
-        self.has_logits = logits;
-    }
-
-    /// Samples the next token from the logits at hand and makes it pending (`None`: the
-    /// context is full, nothing sampled), as a plain decoding step does.
-    pub(crate) fn batch_sample(&mut self, sampler: &mut Sampler) -> Option<u32> {
-        if !self.has_logits || self.fed.len() >= self.state.capacity() {
-            return None;
-        }
-        let id = sampler.sample(&mut self.logits, &self.fed);
-        self.has_logits = false;
-        self.pending = Some(id);
-        Some(id)
-    }
-
-    /// [`batch_sample`](Self::batch_sample) for a token emitted without sampling (the thinking
-    /// budget's closing sequence): the logits are only observed (for its log probability).
-    pub(crate) fn batch_force(&mut self, sampler: &mut Sampler, id: u32) -> Option<u32> {
-        if !self.has_logits || self.fed.len() >= self.state.capacity() {
-            return None;
-        }
-        sampler.observe(&mut self.logits);
-        self.has_logits = false;
-        self.pending = Some(id);
-        Some(id)
     }
 }
 

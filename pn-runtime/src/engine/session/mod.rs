@@ -18,7 +18,7 @@ pub use thinking::ThinkingControl;
 pub(crate) use token_stream::TokenStream;
 
 use self::core::CoreOps;
-pub(crate) use self::core::SessionCore;
+pub(crate) use self::core::{SessionCore, SpecRun};
 use super::error::Result;
 use super::{Engine, LoadedModel};
 use crate::chat_template::{ChatMessage, TemplateContext};

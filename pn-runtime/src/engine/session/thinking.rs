@@ -117,6 +117,14 @@ impl ThinkState {
         self.forcing.pop_front()
     }
 
+    /// Whether [`next_forced`](Self::next_forced) would give a token now.
+    pub(super) fn forces_next(&self) -> bool {
+        !self.forcing.is_empty()
+            || (self.phase == Phase::Inside
+                && !self.forced
+                && self.ctl.budget.is_some_and(|b| self.reasoning >= b))
+    }
+
     /// Most tokens one step may emit without overrunning the budget (`None`: no limit).
     pub(super) fn room(&self) -> Option<usize> {
         match (self.phase, self.ctl.budget) {

@@ -111,6 +111,13 @@ impl TokenStream {
         max.min(think)
     }
 
+    /// Whether the next token is forced ([`next_forced`](Self::next_forced) would give one):
+    /// the batch then feeds the pending token without a speculative step, as a lone
+    /// generation does.
+    pub(crate) fn forces_next(&self) -> bool {
+        self.think.as_ref().is_some_and(ThinkState::forces_next)
+    }
+
     /// The token to emit without sampling next (the thinking budget's closing sequence).
     pub(crate) fn next_forced(&mut self) -> Option<u32> {
         self.think.as_mut().and_then(ThinkState::next_forced)
