@@ -48,6 +48,6 @@ pub use backend::{
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
-pub use model::{BatchSeq, Model, Outputs, Workspace};
+pub use model::{BatchSeq, Model, MtpSeq, Outputs, Workspace};
 pub use state::{kv_bytes_per_token, GdnState, Snapshot, State, StateTrace};
 pub use weights::Weights;

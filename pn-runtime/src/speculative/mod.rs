@@ -33,7 +33,7 @@ mod stats;
 
 pub use accept::AcceptRule;
 pub use backoff::MIN_ACCEPTANCE;
-pub use session_decoder::{SpecControl, SpecDecoder, StepInput};
+pub use session_decoder::{DraftNeed, MtpRow, SpecControl, SpecDecoder, StepInput};
 pub use stats::SpecStats;
 
 use std::fmt;

@@ -70,6 +70,10 @@ pub struct SpecDecoder<B: Backend> {
     undo: Undo,
     /// The drafted step waiting for its verification pass.
     pending: Pending,
+    /// The MTP draft in progress between [`draft_start`](Self::draft_start) and its staging.
+    drafting: Option<draft::Drafting>,
+    /// The drafts of the step being drafted: `[<= n_draft]`.
+    drafts: Vec<u32>,
     stats: SpecStats,
     backoff: Backoff,
     // Scratch buffers, reused across steps (grown on demand, never shrunk).
@@ -139,6 +143,8 @@ impl<B: Backend> SpecDecoder<B> {
             trace: None,
             undo: Undo::default(),
             pending: Pending::default(),
+            drafting: None,
+            drafts: Vec::new(),
             stats: SpecStats::default(),
             backoff: Backoff::default(),
             prompt_h: Vec::new(),
@@ -376,117 +382,6 @@ impl<B: Backend> SpecDecoder<B> {
         self.finish(model, state, ws, sampler)
     }
 
-    /// The first phase of a [`step`](Self::step): drafts the tokens after `input.x_n` (with
-    /// the MTP head, on the state's MTP cache) and stages the verification rows `[x_n,
-    /// drafts]`, its outputs and (with drafts) its state trace. Returns the row count.
-    pub fn draft(
-        &mut self,
-        model: &Model<B>,
-        state: &mut State<B>,
-        ws: &mut Workspace<B>,
-        sampler: &mut Sampler,
-        input: StepInput<'_>,
-    ) -> Result<usize, ModelError> {
-        let StepInput {
-            history,
-            x_n,
-            max_draft,
-        } = input;
-        self.undo.valid = false;
-        let (cfg, be) = (&model.config, &model.backend);
-        let (v, d) = (cfg.vocab, cfg.hidden);
-        let n = state.pos();
-        let k_max = if self.backoff.may_draft() {
-            max_draft.min(self.n_draft)
-        } else {
-            self.stats.paused_steps += 1;
-            0
-        };
-        // Penalties see at most the last `penalty_last_n` tokens: keep only those.
-        let window = sampler.params().penalty_last_n;
-        self.penalty_hist.clear();
-        self.penalty_hist
-            .extend_from_slice(&history[history.len().saturating_sub(window)..]);
-        self.penalty_hist.push(x_n);
-        let base = self.penalty_hist.len();
-        let h_valid = self.use_mtp && n > 0 && self.h_for == Some(n);
-
-        // 1. Draft.
-        let mut drafts: Vec<u32> = Vec::with_capacity(k_max);
-        let mut mtp_after_x = None;
-        if k_max > 0 {
-            if let Some(dr) = self.drafter.as_deref_mut() {
-                let mut seq = history.to_vec();
-                seq.push(x_n);
-                drafts = dr.draft(&seq, k_max);
-                drafts.truncate(k_max);
-                drafts.retain(|&t| (t as usize) < v);
-                for (i, &t) in drafts.iter().enumerate() {
-                    if self.draft_dists.len() <= i {
-                        self.draft_dists.push(TokenDist::new());
-                    }
-                    self.draft_dists[i].reset(v);
-                    self.draft_dists[i].push(t, 1.0);
-                }
-            } else if h_valid {
-                state.truncate_mtp(n - 1);
-                let out = Outputs {
-                    logits: Some(&mut self.mtp_logits),
-                    hidden: Some(&mut self.mtp_h),
-                    all_rows: false,
-                    layer_residuals: None,
-                };
-                model.mtp_forward(state, ws, &[x_n], &self.last_h, n, out)?;
-                mtp_after_x = Some(state.mtp_len());
-                loop {
-                    let i = drafts.len();
-                    if self.draft_dists.len() <= i {
-                        self.draft_dists.push(TokenDist::new());
-                    }
-                    sampler.distribution(
-                        &mut self.mtp_logits,
-                        &self.penalty_hist,
-                        &mut self.draft_dists[i],
-                    );
-                    let t = sampler.draw(&self.draft_dists[i]);
-                    drafts.push(t);
-                    self.penalty_hist.push(t);
-                    if drafts.len() == k_max {
-                        break;
-                    }
-                    // Chain: the draft with the MTP block's own hidden state.
-                    self.chain_h.copy_from_slice(&self.mtp_h);
-                    let out = Outputs {
-                        logits: Some(&mut self.mtp_logits),
-                        hidden: Some(&mut self.mtp_h),
-                        all_rows: false,
-                        layer_residuals: None,
-                    };
-                    model.mtp_forward(state, ws, &[t], &self.chain_h, n + drafts.len(), out)?;
-                }
-                self.penalty_hist.truncate(base);
-            }
-        }
-        self.penalty_hist.extend_from_slice(&drafts);
-
-        // 2. Stage the verification of [x_n, drafts] (all rows' logits and hidden states).
-        let k = drafts.len() + 1;
-        let p = &mut self.pending;
-        p.rows.clear();
-        p.rows.push(x_n);
-        p.rows.extend_from_slice(&drafts);
-        (p.n, p.base, p.mtp_after_x, p.h_valid) = (n, base, mtp_after_x, h_valid);
-        self.verify_logits.resize(k * v, 0.0);
-        self.verify_h.resize(k * d, 0.0);
-        if k > 1 && self.trace.as_ref().is_none_or(|t| t.max_rows() < k) {
-            // Record the GDN state after every row: a rejection then rolls back by copying.
-            // (A trace too small for this step is dropped before the larger one is made.)
-            self.trace = None;
-            self.trace = Some(StateTrace::new(cfg, be, k)?);
-        }
-        Ok(k)
-    }
-
     /// The rows `[x_n, drafts]` of the staged verification pass.
     pub fn verify_rows(&self) -> &[u32] {
         &self.pending.rows
@@ -722,6 +617,9 @@ impl<B: Backend> SpecControl for SpecDecoder<B> {
         SpecDecoder::stats(self)
     }
 }
+
+mod draft;
+pub use draft::{DraftNeed, MtpRow};
 
 #[cfg(test)]
 mod tests;

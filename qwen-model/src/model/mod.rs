@@ -11,6 +11,7 @@ mod mtp;
 mod workspace;
 
 pub use batch::BatchSeq;
+pub use mtp::MtpSeq;
 pub use workspace::Workspace;
 
 use crate::backend::{Backend, KvCacheType, Requirements};

@@ -8,8 +8,8 @@ use crate::engine::session::{SessionCore, SpecRun, TokenStream};
 use crate::engine::TokenEvent;
 use crate::engine::{Engine, FinishReason, StopConditions, Timings};
 use crate::sampling::SamplingParams;
-use crate::speculative::Speculation;
-use qwen_model::{Backend, BatchSeq, Model, ModelError, Outputs, Workspace};
+use crate::speculative::{DraftNeed, Speculation};
+use qwen_model::{Backend, BatchSeq, Model, ModelError, MtpSeq, Outputs, Workspace};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -203,6 +203,8 @@ impl<B: Backend> BatchCore<B> {
     fn plan(&mut self) -> Result<()> {
         // (prompt tokens left, sequence, slot) of the prefilling sequences.
         let mut prefill = Vec::new();
+        // The slots whose MTP draft wants a row.
+        let mut drafting = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
             slot.rows.clear();
             slot.wants_logits = false;
@@ -217,11 +219,13 @@ impl<B: Backend> BatchCore<B> {
                     if slot.core.batch_can_speculate() && !a.stream.forces_next() {
                         // A speculative step, as a lone generation's: draft now, verify
                         // `[x_n, drafts]` in the pass.
+                        // The MTP rows of all drafting slots run together (`draft_rounds`).
                         let budget = a.stream.draft_budget();
                         let sampler = &mut a.stream.sampler;
-                        let rows = &mut slot.rows;
-                        slot.core
-                            .batch_spec_draft(&mut self.ws, sampler, p, budget, rows)?;
+                        match slot.core.batch_spec_draft_start(sampler, p, budget)? {
+                            DraftNeed::MtpRow => drafting.push(i),
+                            DraftNeed::Staged(_) => slot.core.batch_spec_rows(&mut slot.rows),
+                        }
                         slot.verify = true;
                     } else {
                         slot.rows.push(p);
@@ -234,6 +238,7 @@ impl<B: Backend> BatchCore<B> {
                 Phase::Sample => {}
             }
         }
+        self.draft_rounds(drafting)?;
         prefill.sort_unstable();
         let (mut budget, mut finishing) = (self.chunk, 0);
         for (left, _, i) in prefill {
@@ -277,6 +282,42 @@ impl<B: Backend> BatchCore<B> {
             *next += n;
             slot.wants_logits = *next == prompt.len();
             budget -= n;
+        }
+        Ok(())
+    }
+
+    /// Drafts for the slots in `drafting` (their MTP drafts started): one batched MTP pass
+    /// per draft round over the rows of every slot still drafting, so the MTP block and the
+    /// LM head are read once per round rather than once per sequence; each slot then draws
+    /// its draft and asks for its next row or stages its verification rows.
+    fn draft_rounds(&mut self, mut drafting: Vec<usize>) -> Result<()> {
+        while !drafting.is_empty() {
+            let mut seqs: Vec<MtpSeq<'_, B>> = Vec::with_capacity(drafting.len());
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                if drafting.contains(&i) {
+                    let (state, r) = slot.core.batch_mtp_parts()?;
+                    seqs.push(MtpSeq {
+                        state,
+                        tokens: r.token,
+                        hidden: r.hidden,
+                        rope_pos0: r.rope_pos,
+                        out: r.out,
+                    });
+                }
+            }
+            self.model.mtp_forward_batch(&mut self.ws, &mut seqs)?;
+            let mut still = Vec::with_capacity(drafting.len());
+            for &i in &drafting {
+                let slot = &mut self.slots[i];
+                let Some(a) = slot.seq.as_mut() else {
+                    continue;
+                };
+                match slot.core.batch_spec_draft_advance(&mut a.stream.sampler)? {
+                    DraftNeed::MtpRow => still.push(i),
+                    DraftNeed::Staged(_) => slot.core.batch_spec_rows(&mut slot.rows),
+                }
+            }
+            drafting = still;
         }
         Ok(())
     }

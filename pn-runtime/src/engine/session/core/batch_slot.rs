@@ -6,7 +6,7 @@ use super::{SessionCore, SpecRun, Start};
 use crate::engine::error::{EngineError, Result};
 use crate::engine::Engine;
 use crate::sampling::Sampler;
-use crate::speculative::{SpecDecoder, SpecStats, StepInput};
+use crate::speculative::{DraftNeed, MtpRow, SpecDecoder, SpecStats, StepInput};
 use qwen_model::{Backend, Model, State, Workspace};
 use std::sync::Arc;
 
@@ -134,19 +134,17 @@ impl<B: Backend> SessionCore<B> {
         self.spec.is_some() && self.fed.len() + 2 <= self.state.capacity()
     }
 
-    /// The draft phase of a speculative step from the pending token `x_n` (taken already),
-    /// drafting at most `budget` tokens and staying short of the context; the MTP head runs
-    /// on the batch's workspace `ws`. Appends to `rows` the verification rows `[x_n, drafts]`
-    /// the batch's pass is to run ([`batch_parts`](Self::batch_parts)' decoder gives their
-    /// outputs).
-    pub(crate) fn batch_spec_draft(
+    /// Starts drafting the step after `x_n` (the sequence's next token), as a lone
+    /// speculative step does: [`DraftNeed::MtpRow`] while the MTP head is to draft (the batch
+    /// runs the rows of all drafting slots together: [`batch_mtp_parts`](Self::batch_mtp_parts),
+    /// then [`batch_spec_draft_advance`](Self::batch_spec_draft_advance)), else the staged
+    /// verification ([`batch_spec_rows`](Self::batch_spec_rows)).
+    pub(crate) fn batch_spec_draft_start(
         &mut self,
-        ws: &mut Workspace<B>,
         sampler: &mut Sampler,
         x_n: u32,
         budget: usize,
-        rows: &mut Vec<u32>,
-    ) -> Result<()> {
+    ) -> Result<DraftNeed> {
         let room = self.state.capacity() - self.fed.len() - 2;
         let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
         let input = StepInput {
@@ -154,9 +152,28 @@ impl<B: Backend> SessionCore<B> {
             x_n,
             max_draft: budget.min(room),
         };
-        sp.draft(&self.model, &mut self.state, ws, sampler, input)?;
-        rows.extend_from_slice(sp.verify_rows());
-        Ok(())
+        Ok(sp.draft_start(&self.model, &mut self.state, sampler, input)?)
+    }
+
+    /// The state and the MTP row of the draft in progress, for the batch's MTP pass.
+    pub(crate) fn batch_mtp_parts(&mut self) -> Result<(&mut State<B>, MtpRow<'_>)> {
+        let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
+        Ok((&mut self.state, sp.mtp_row()?))
+    }
+
+    /// After the batch's MTP pass ran this slot's row: the next draft, and the next row or
+    /// the staged verification.
+    pub(crate) fn batch_spec_draft_advance(&mut self, sampler: &mut Sampler) -> Result<DraftNeed> {
+        let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
+        Ok(sp.draft_advance(&self.model, &mut self.state, sampler)?)
+    }
+
+    /// Appends to `rows` the staged verification rows `[x_n, drafts]` the batch's pass is to
+    /// run ([`batch_parts`](Self::batch_parts)' decoder gives their outputs).
+    pub(crate) fn batch_spec_rows(&self, rows: &mut Vec<u32>) {
+        if let Some(sp) = self.spec.as_ref() {
+            rows.extend_from_slice(sp.verify_rows());
+        }
     }
 
     /// After the batch's pass verified the staged rows `[x_n, drafts]`: accepts (rolling back a rejected
