@@ -1,6 +1,8 @@
 //! What build.rs embedded: with a compiler, every `kernels/*.cu` and every `extern "C"` kernel in
 //! it, as sm_60 cubin (ELF) plus compute_60 PTX; without one, nothing, and `build_info` says so.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -56,7 +58,9 @@ fn every_kernel_source_is_embedded_or_none_is() {
             b"\x7fELF",
             "{stem}: cubin is not an ELF image"
         );
-        let want = kernel_names_in_source(&std::fs::read_to_string(p).unwrap());
+        let want = kernel_names_in_source(&common::expand_pasting_macros(
+            &std::fs::read_to_string(p).unwrap(),
+        ));
         let got: BTreeSet<String> = m.kernels.iter().map(|s| s.to_string()).collect();
         assert_eq!(got, want, "{stem}: kernels");
         for k in m.kernels {
@@ -73,4 +77,20 @@ fn every_kernel_source_is_embedded_or_none_is() {
         "{info}"
     );
     assert!(pn_kernels::ptxas_report().contains("pn3t_gemv_h2_r2"));
+}
+
+#[test]
+fn the_name_scan_expands_token_pasting_macros() {
+    let src = "#define K(bits, t) \\\n    __global__ void __launch_bounds__(256, 1) pn##bits##t_b##t(int a) { f<bits, t>(a); }\n\
+               K(3, 2) K(4, 8)\n#define S(b, t) if (eq(n, \"pn\" #b \"t_b\" #t)) pn##b##t_b##t(x);\nS(3, 2)\n\
+               __global__ void plain(int a) {}\n";
+    let out = common::expand_pasting_macros(src);
+    let names = kernel_names_in_source(&out);
+    let want: BTreeSet<String> = ["pn3t_b2", "pn4t_b8", "plain"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(names, want, "{out}");
+    assert!(out.contains("eq(n, \"pn3t_b2\")) pn3t_b2(x);"), "{out}");
+    assert!(!out.contains("#define"), "{out}");
 }

@@ -412,7 +412,9 @@ fn every_global_kernel_is_run_by_the_host_emulator() {
     for e in std::fs::read_dir(root.join("host")).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "cpp") {
-            host.push_str(&std::fs::read_to_string(&p).unwrap());
+            host.push_str(&common::expand_pasting_macros(
+                &std::fs::read_to_string(&p).unwrap(),
+            ));
         }
     }
     // Kernels defined through a macro (ATT_ARGS / AP_ARGS / MM_ARGS / PN_ARGS) are still named
@@ -421,7 +423,7 @@ fn every_global_kernel_is_run_by_the_host_emulator() {
     for e in std::fs::read_dir(root.join("kernels")).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "cu") {
-            let src = std::fs::read_to_string(&p).unwrap();
+            let src = common::expand_pasting_macros(&std::fs::read_to_string(&p).unwrap());
             for n in global_names(&src) {
                 names.push((p.file_name().unwrap().to_string_lossy().to_string(), n));
             }

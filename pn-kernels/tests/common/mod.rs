@@ -334,3 +334,161 @@ pub fn random_weights(r: &mut StdRng, ty: pn_kernels::WeightType, n: usize, k: u
         }
     }
 }
+
+/// `src` with every function-like macro whose body pastes tokens (`##`) expanded at its
+/// invocations, each expansion on a line of its own, and adjacent string literals joined: a
+/// scan for kernel names then sees the kernels a macro defines or launches (`PN_BATCH(3, 2)`
+/// defines `pn3t_gemv_h2p_b2`). Other macros are left as written (their kernels are named
+/// literally at their `__global__`).
+pub fn expand_pasting_macros(src: &str) -> String {
+    let joined = src.replace("\\\n", " ");
+    // (name, parameters, body) of each pasting macro; their #define lines are dropped.
+    let mut macros: Vec<(String, Vec<String>, String)> = Vec::new();
+    let mut kept = Vec::new();
+    for line in joined.lines() {
+        if let Some(m) = pasting_macro(line) {
+            macros.push(m);
+        } else {
+            kept.push(line);
+        }
+    }
+    let mut text = kept.join("\n");
+    for (name, params, body) in &macros {
+        let call = format!("{name}(");
+        let mut out = String::new();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(&call) {
+            let starts_token = rest[..at]
+                .chars()
+                .last()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+            out.push_str(&rest[..at]);
+            let after = &rest[at + call.len()..];
+            match macro_args(after) {
+                Some((args, used)) if starts_token && args.len() == params.len() => {
+                    out.push('\n');
+                    out.push_str(&substitute(body, params, &args));
+                    out.push('\n');
+                    rest = &after[used..];
+                }
+                _ => {
+                    out.push_str(&call);
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        text = out;
+    }
+    text
+}
+
+/// `#define NAME(a, b) body` with `##` in its body.
+fn pasting_macro(line: &str) -> Option<(String, Vec<String>, String)> {
+    let def = line.trim_start().strip_prefix("#define ")?;
+    let open = def.find('(')?;
+    let name = &def[..open];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    let close = open + def[open..].find(')')?;
+    let body = &def[close + 1..];
+    body.contains("##").then(|| {
+        let params = def[open + 1..close]
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .collect();
+        (name.to_string(), params, body.trim().to_string())
+    })
+}
+
+/// The arguments of a macro call whose `(` was just passed (split at top-level commas) and
+/// the bytes up to and including its `)`.
+fn macro_args(after: &str) -> Option<(Vec<String>, usize)> {
+    let (mut depth, mut args, mut cur) = (0usize, Vec::new(), String::new());
+    for (i, c) in after.char_indices() {
+        match c {
+            '(' => {
+                depth += 1;
+                cur.push(c);
+            }
+            ')' if depth == 0 => {
+                args.push(cur.trim().to_string());
+                return Some((args, i + 1));
+            }
+            ')' => {
+                depth -= 1;
+                cur.push(c);
+            }
+            ',' if depth == 0 => args.push(std::mem::take(&mut cur).trim().to_string()),
+            _ => cur.push(c),
+        }
+    }
+    None
+}
+
+/// A macro body with its parameters replaced (`#p` by the argument as a string literal),
+/// `##` pasted and adjacent string literals joined.
+fn substitute(body: &str, params: &[String], args: &[String]) -> String {
+    let mut out = String::new();
+    let chars: Vec<char> = body.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_ascii_alphabetic() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let stringify = out.ends_with('#') && !out.ends_with("##");
+            match params.iter().position(|p| *p == word) {
+                Some(k) if stringify => {
+                    out.pop();
+                    out.push_str(&format!("\"{}\"", args[k]));
+                }
+                Some(k) => out.push_str(&args[k]),
+                None => out.push_str(&word),
+            }
+            continue;
+        }
+        out.push(c);
+        i += 1;
+    }
+    // Paste: `a ## b` -> `ab`; then `"x" "y"` -> `"xy"`.
+    let mut pasted = out.replace(" ## ", "").replace("##", "");
+    loop {
+        let joined = join_adjacent_literals(&pasted);
+        if joined == pasted {
+            return pasted;
+        }
+        pasted = joined;
+    }
+}
+
+/// One pass joining string literals separated only by spaces.
+fn join_adjacent_literals(s: &str) -> String {
+    let mut out = String::new();
+    let mut in_lit = false;
+    let bytes: Vec<char> = s.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c == '"' && in_lit {
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] == ' ' {
+                j += 1;
+            }
+            if j < bytes.len() && bytes[j] == '"' {
+                i = j + 1; // drop the closing quote, the spaces and the next opening quote
+                continue;
+            }
+            in_lit = false;
+        } else if c == '"' {
+            in_lit = true;
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
+}
