@@ -204,6 +204,18 @@ impl<B: Backend> Model<B> {
         for p in parts.iter_mut() {
             p.state.mtp_len += p.tokens.len();
         }
+        if let [p] = parts {
+            // One sequence (a lone call, every decode step): no allocation.
+            let mut one = [Seg {
+                state: &mut *p.state,
+                tokens: p.tokens,
+                out: &mut *p.out,
+                done: p.done,
+                n_tok: p.n_tok,
+                trace: None,
+            }];
+            return self.emit(ws, &head, &mut one);
+        }
         let mut emit: Vec<Seg<'_, '_, B>> = parts
             .iter_mut()
             .map(|p| Seg {
