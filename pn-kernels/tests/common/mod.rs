@@ -7,6 +7,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 // The seeded data every crate's tests use (`rng(seed)`, `random_vec(rng, n, a)`).
+// Not every test binary that includes this module uses both.
+#[allow(unused_imports)]
 pub use pn_tests::{random_vec, rng};
 
 /// Bits, zero point, weights per block, codes per word.
