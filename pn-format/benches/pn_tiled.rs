@@ -4,7 +4,8 @@
 //! activation-tile preparation), the fused int16 kernels in groups of 8 (`matvec_multi`, the
 //! path without AMX) and a plain read of the same bytes. Report ratios within one run
 //! (criterion's `estimates.json` medians, divided), never bare times; the time per input row is
-//! what a prompt token costs.
+//! what a prompt token costs. `PN_BENCH_CLOCK=cpu` times the thread's CPU time instead of the
+//! wall clock (a loaded machine).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pn_format::dot::{
@@ -17,7 +18,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 mod common;
-use common::{random_weights, read_sum};
+use common::{clock, random_weights, read_sum};
 
 /// Input rows of the chunk.
 const N: usize = 64;
@@ -35,25 +36,36 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
     let mut g = c.benchmark_group(format!("{ty} {rows}x{k} x {N} inputs"));
     g.throughput(Throughput::Bytes(weights.len() as u64));
     g.bench_function("read_baseline", |b| {
-        b.iter(|| black_box(read_sum(&weights)))
+        b.iter_custom(|n| {
+            clock::run_split(n, 1, 1, &|_, _| {
+                black_box(read_sum(&weights));
+            })
+        })
     });
     if amx_available() {
         // The register-blocked kernel (the default) and the one-tile kernel it replaced.
         for (name, kernel) in [
             ("tiled_amx", TileKernel::AmxBlocked),
             ("tiled_amx_one_tile", TileKernel::AmxOneTile),
+            ("tiled_amx_pipelined", TileKernel::AmxPipelined),
         ] {
             g.bench_function(name, |b| {
-                b.iter(|| {
-                    let mut refs: Vec<&mut [f32]> =
-                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                    matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles, &mut refs).unwrap();
+                let outs = std::sync::Mutex::new(&mut outs);
+                b.iter_custom(|n| {
+                    clock::run_split(n, 1, 1, &|_, _| {
+                        let mut o = outs.lock().unwrap();
+                        let mut refs: Vec<&mut [f32]> =
+                            o.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles, &mut refs).unwrap();
+                    })
                 })
             });
         }
         g.bench_function("prepare_tiles_one_thread", |b| {
-            let mut t = tiles.clone();
-            b.iter(|| t.update(&x, N).unwrap())
+            let t = std::sync::Mutex::new(tiles.clone());
+            b.iter_custom(|n| {
+                clock::run_split(n, 1, 1, &|_, _| t.lock().unwrap().update(&x, N).unwrap())
+            })
         });
     }
     g.bench_function("multi_i16_groups_of_8", |b| {

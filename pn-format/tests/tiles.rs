@@ -1,6 +1,6 @@
 //! The tiled (AMX) matrix product: AMX == its portable reference on random rows (odd block
 //! counts, row counts that are not a multiple of 16, 1..=40 input rows, unaligned weights,
-//! adversarial activations), the reference == the exact f64 dot product to f32 precision (24-bit
+//! adversarial activations; the three AMX kernels bit-identical), the reference == the exact f64 dot product to f32 precision (24-bit
 //! activations), and typed errors for every shape mismatch. The AMX half runs where the CPU has
 //! AMX.
 
@@ -112,12 +112,15 @@ proptest! {
             let got = tiled(true, ty, w, rows, &tiles);
             // The same integer sums; fma vs mul-add rounding only.
             check(1e-6, ty, w, &xs, &got, &reference, "amx vs reference")?;
-            // The register-blocked kernel only reorders tile loads: bit-identical to the
-            // one-tile kernel.
-            let mut one = vec![vec![f32::NAN; rows]; m];
-            let mut refs: Vec<&mut [f32]> = one.iter_mut().map(|o| o.as_mut_slice()).collect();
-            matmul_tiled_kernel(TileKernel::AmxOneTile, ty, w, rows, &tiles, &mut refs).unwrap();
-            prop_assert_eq!(got, one);
+            // The default (pipelined) and the register-blocked kernels only reorder tile loads
+            // and stores: bit-identical to the one-tile kernel.
+            for kernel in [TileKernel::AmxOneTile, TileKernel::AmxBlocked] {
+                let mut one = vec![vec![f32::NAN; rows]; m];
+                let mut refs: Vec<&mut [f32]> =
+                    one.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_tiled_kernel(kernel, ty, w, rows, &tiles, &mut refs).unwrap();
+                prop_assert_eq!(&got, &one, "{:?}", kernel);
+            }
         }
     }
 }

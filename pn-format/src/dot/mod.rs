@@ -29,6 +29,9 @@ mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod tiles_amx;
 #[cfg(target_arch = "x86_64")]
+mod tiles_pipe;
+mod tiles_quant;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;

@@ -22,9 +22,6 @@ pub const TILE: usize = 16;
 /// once and a tile of 16 input rows is computed at once, so a few rows waste most of it.
 pub const TILED_ROWS_MIN: usize = super::MAX_ACTS + 1;
 
-/// Largest `|q|`: 24-bit signed.
-const Q_MAX: f32 = 8_388_607.0;
-
 /// Input rows quantized to 24 bits per block, in AMX tile order: per group of 16 input rows and
 /// per block, the three bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
 /// `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block position
@@ -123,7 +120,7 @@ impl TileActs {
             let (h0, t0) = b0.split_at_mut(len * bpw * TILE);
             let (hs, ts) = sx.split_at_mut(len * TILE);
             (b2, b1, b0, sx) = (t2, t1, t0, ts);
-            pieces.push(std::sync::Mutex::new(Piece {
+            pieces.push(std::sync::Mutex::new(super::tiles_quant::Piece {
                 first,
                 b2: h2,
                 b1: h1,
@@ -135,7 +132,7 @@ impl TileActs {
         let piece = |i: usize| {
             // Each part locks only its own piece: never contended.
             let mut p = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
-            quantize_blocks(ty, x, n, nb, &mut p);
+            super::tiles_quant::quantize_blocks(ty, x, n, nb, &mut p);
         };
         run(parts, &piece);
         Ok(())
@@ -154,57 +151,6 @@ impl TileActs {
     /// Blocks per row.
     fn nb(&self) -> usize {
         self.k / self.ty.weights_per_block()
-    }
-}
-
-/// One part of a [`TileActs`] being filled: the `[group][block]` entries `first..first +
-/// sx.len() / TILE` of its four buffers (same layouts, starting at entry `first`).
-struct Piece<'a> {
-    first: usize,
-    b2: &'a mut [i8],
-    b1: &'a mut [u8],
-    b0: &'a mut [u8],
-    sx: &'a mut [f32],
-}
-
-/// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
-/// row) and block, the scale and the three bytes of each 24-bit `q` in tile order. Padding
-/// inputs (`t >= n`) stay zero.
-fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
-    let bpw = ty.weights_per_block();
-    let cpw = ty.codes_per_word();
-    let k = nb * bpw;
-    // Tile position `kk = 16 j + l` holds the code in 16-bit lane `l` of pair `j`: element
-    // `perm[kk]` of the block.
-    let mut perm = [0usize; 128];
-    for (kk, e) in perm.iter_mut().enumerate().take(bpw) {
-        let (j, l) = (kk / 16, kk % 16);
-        *e = (l / 2) * cpw + 2 * j + l % 2;
-    }
-    for i in 0..p.sx.len() / TILE {
-        let gb = p.first + i;
-        let (g, b) = (gb / nb, gb % nb);
-        for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
-            let t = g * TILE + col;
-            let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let amax = if xb.iter().all(|v| v.is_finite()) {
-                amax
-            } else {
-                f32::NAN
-            };
-            p.sx[i * TILE + col] = amax / Q_MAX;
-            let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
-            let base = i * bpw * TILE + 4 * col;
-            for (kk, &e) in perm.iter().enumerate().take(bpw) {
-                // `as` saturates and maps NaN to 0: no panic on any input.
-                let q = (xb[e] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
-                let at = base + (kk / 4) * 4 * TILE + kk % 4;
-                p.b2[at] = (q >> 16) as i8;
-                p.b1[at] = (q >> 8) as u8;
-                p.b0[at] = q as u8;
-            }
-        }
     }
 }
 
@@ -241,7 +187,7 @@ pub fn matmul_tiled(
 }
 
 /// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]: the
-/// register-blocked AMX kernel) or the portable reference.
+/// software-pipelined AMX kernel, the fastest of the three measured) or the portable reference.
 pub fn matmul_tiled_with(
     amx: bool,
     ty: PnType,
@@ -251,7 +197,7 @@ pub fn matmul_tiled_with(
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
     let kernel = if amx {
-        TileKernel::AmxBlocked
+        TileKernel::AmxPipelined
     } else {
         TileKernel::Reference
     };
@@ -269,20 +215,17 @@ pub enum TileKernel {
     AmxOneTile,
     /// Two (pn3t) or three (pn4t) row tiles per pass sharing each activation-tile load.
     AmxBlocked,
+    /// One row tile per pass, software-pipelined: the vector work of one block between the
+    /// tile products of the next and their stores.
+    AmxPipelined,
 }
 
 /// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
 /// waste no tile work (a range that is not computes zero rows in its last pass).
 pub fn tiled_pass_rows(ty: PnType) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::tiles_amx::pass_rows(ty)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        TILE
-    }
+    // The default kernel (pipelined) takes one row tile per pass.
+    let _ = ty;
+    TILE
 }
 
 /// [`matmul_tiled`] with the kernel named.
@@ -342,10 +285,12 @@ pub fn matmul_tiled_kernel(
         // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
         // (both checked above), every output holds `rows` values.
         unsafe {
-            if kernel == TileKernel::AmxOneTile {
-                super::amx::matmul(ty, weights, rows, nb, acts, outs)
-            } else {
-                super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs)
+            match kernel {
+                TileKernel::AmxOneTile => super::amx::matmul(ty, weights, rows, nb, acts, outs),
+                TileKernel::AmxBlocked => {
+                    super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs)
+                }
+                _ => super::tiles_pipe::matmul(ty, weights, rows, nb, acts, outs),
             }
         };
         return Ok(());

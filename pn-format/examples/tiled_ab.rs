@@ -1,0 +1,92 @@
+//! A/B of the tiled kernels on a loaded machine: the kernels alternate, each timed on the
+//! thread's CPU clock, and the minimum of many short runs is kept per kernel (interference only
+//! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`.
+
+use pn_format::dot::{amx_available, matmul_tiled_kernel, TileActs, TileKernel};
+use pn_format::PnType;
+use std::time::Duration;
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    if !amx_available() {
+        println!("no AMX");
+        return;
+    }
+    let mut s = 1u64;
+    let mut next = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    for (ty, rows, k) in [(PnType::Pn3t, 4096, 5120), (PnType::Pn4t, 1024, 17408)] {
+        let nb = k / ty.weights_per_block();
+        let mut w = vec![0u8; rows * nb * 34];
+        for blk in w.chunks_exact_mut(34) {
+            blk[0..2].copy_from_slice(
+                &half::f16::from_f32(0.01 + (next() % 100) as f32 * 1e-4)
+                    .to_bits()
+                    .to_le_bytes(),
+            );
+            for b in &mut blk[2..] {
+                *b = next() as u8;
+            }
+            if ty == PnType::Pn3t {
+                // Reserved top bits of each word clear.
+                for wd in blk[2..].chunks_exact_mut(4) {
+                    wd[3] &= 0x3f;
+                }
+            }
+        }
+        let n = 64;
+        let x: Vec<f32> = (0..n * k)
+            .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let acts = TileActs::new(ty, &x, n).unwrap();
+        let kernels = [
+            TileKernel::AmxOneTile,
+            TileKernel::AmxBlocked,
+            TileKernel::AmxPipelined,
+        ];
+        let mut best = [Duration::MAX; 3];
+        let mut outs = vec![vec![0f32; rows]; n];
+        let mut first: Vec<Vec<Vec<f32>>> = Vec::new();
+        for _ in 0..reps {
+            for (i, &kern) in kernels.iter().enumerate() {
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                let t0 = thread_cpu();
+                matmul_tiled_kernel(kern, ty, &w, rows, &acts, &mut refs).unwrap();
+                best[i] = best[i].min(thread_cpu() - t0);
+                if first.len() <= i {
+                    first.push(outs.clone());
+                } else {
+                    assert_eq!(first[i], outs);
+                }
+            }
+        }
+        assert!(first.iter().all(|o| *o == first[0]), "kernels differ");
+        let mac = (rows * k * n * 3) as f64;
+        print!("{ty} {rows}x{k} x{n}:");
+        for (kern, b) in kernels.iter().zip(best) {
+            print!(
+                "  {kern:?} {:.2} ms ({:.0} GMAC/s)",
+                b.as_secs_f64() * 1e3,
+                mac / b.as_secs_f64() / 1e9
+            );
+        }
+        println!();
+    }
+}

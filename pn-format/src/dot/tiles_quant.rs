@@ -1,0 +1,235 @@
+//! Quantizing input rows into [`super::tiles::TileActs`]' layout: 24-bit integers per block, in
+//! AMX tile order.
+//!
+//! This runs once per prompt chunk for every distinct matmul input (for `ffn_down`, 64 x 17408
+//! values feeding one 5120-row matrix), so it must cost little next to the tile kernel: the
+//! loop works on one block of one input at a time, with the rounding done by integer and
+//! comparison steps the compiler vectorizes (`f32::round` is a libm call on baseline x86-64),
+//! and writes each tile row's four bytes of a plane as one word.
+
+use super::tiles::TILE;
+use crate::types::PnType;
+
+/// Largest `|q|`: 24-bit signed.
+pub(super) const Q_MAX: f32 = 8_388_607.0;
+
+/// Most values per block (pn3t).
+const MAX_BPW: usize = 80;
+
+/// One part of a [`super::tiles::TileActs`] being filled: the `[group][block]` entries
+/// `first..first + sx.len() / TILE` of its four buffers (same layouts, starting at entry
+/// `first`).
+pub(super) struct Piece<'a> {
+    pub(super) first: usize,
+    pub(super) b2: &'a mut [i8],
+    pub(super) b1: &'a mut [u8],
+    pub(super) b0: &'a mut [u8],
+    pub(super) sx: &'a mut [f32],
+}
+
+/// Tile position `kk = 16 j + l` holds the code in 16-bit lane `l` of pair `j` of an unpacked
+/// word: element `perm[kk]` of the block (`kk < ty.weights_per_block()`).
+fn tile_perm(ty: PnType) -> [u8; MAX_BPW] {
+    let cpw = ty.codes_per_word();
+    let mut perm = [0u8; MAX_BPW];
+    for (kk, e) in perm.iter_mut().enumerate().take(ty.weights_per_block()) {
+        let (j, l) = (kk / 16, kk % 16);
+        *e = ((l / 2) * cpw + 2 * j + l % 2) as u8;
+    }
+    perm
+}
+
+/// `v.round() as i32` (half away from zero) for `|v| <= Q_MAX` or NaN (0), without the libm
+/// call: the truncation is exact below 2^31 and so is the fraction `v - trunc(v)`.
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+}
+
+/// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
+/// row) and block, the scale and the three bytes of each 24-bit `q` in tile order (`[kk / 4]
+/// [input 16][kk % 4]` per `[group][block]`). Padding inputs (`t >= n`) stay zero.
+/// Non-finite values make their block's scale NaN and its `q` zero.
+pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
+    let bpw = ty.weights_per_block();
+    let k = nb * bpw;
+    let perm = tile_perm(ty);
+    let mut q = [0i32; MAX_BPW];
+    for i in 0..p.sx.len() / TILE {
+        let gb = p.first + i;
+        let (g, b) = (gb / nb, gb % nb);
+        for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
+            let t = g * TILE + col;
+            let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = if xb.iter().all(|v| v.is_finite()) {
+                amax
+            } else {
+                f32::NAN
+            };
+            p.sx[i * TILE + col] = amax / Q_MAX;
+            let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+            for (qk, &e) in q[..bpw].iter_mut().zip(&perm[..bpw]) {
+                // Clamping first equals clamping after rounding (integer bounds); NaN stays
+                // NaN and becomes 0.
+                *qk = round_away((xb[usize::from(e)] * inv).clamp(-Q_MAX, Q_MAX));
+            }
+            let base = i * bpw * TILE + 4 * col;
+            for (r, w) in q[..bpw].chunks_exact(4).enumerate() {
+                let at = base + r * 4 * TILE;
+                let w: [i32; 4] = [w[0], w[1], w[2], w[3]];
+                p.b2[at..at + 4].copy_from_slice(&w.map(|v| (v >> 16) as i8));
+                p.b1[at..at + 4].copy_from_slice(&w.map(|v| (v >> 8) as u8));
+                p.b0[at..at + 4].copy_from_slice(&w.map(|v| v as u8));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quantizer as first written (`f32::round`, one byte at a time): the new one must
+    /// reproduce its bytes exactly.
+    fn reference(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
+        let bpw = ty.weights_per_block();
+        let k = nb * bpw;
+        let perm = tile_perm(ty);
+        for i in 0..p.sx.len() / TILE {
+            let gb = p.first + i;
+            let (g, b) = (gb / nb, gb % nb);
+            for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
+                let t = g * TILE + col;
+                let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let amax = if xb.iter().all(|v| v.is_finite()) {
+                    amax
+                } else {
+                    f32::NAN
+                };
+                p.sx[i * TILE + col] = amax / Q_MAX;
+                let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+                let base = i * bpw * TILE + 4 * col;
+                for (kk, &e) in perm.iter().enumerate().take(bpw) {
+                    let q = (xb[usize::from(e)] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                    let at = base + (kk / 4) * 4 * TILE + kk % 4;
+                    p.b2[at] = (q >> 16) as i8;
+                    p.b1[at] = (q >> 8) as u8;
+                    p.b0[at] = q as u8;
+                }
+            }
+        }
+    }
+
+    type Bufs = (Vec<i8>, Vec<u8>, Vec<u8>, Vec<f32>);
+
+    fn run(
+        f: fn(PnType, &[f32], usize, usize, &mut Piece<'_>),
+        ty: PnType,
+        x: &[f32],
+        n: usize,
+        nb: usize,
+        first: usize,
+        len: usize,
+    ) -> Bufs {
+        let bpw = ty.weights_per_block();
+        let mut b: Bufs = (
+            vec![0; len * bpw * TILE],
+            vec![0; len * bpw * TILE],
+            vec![0; len * bpw * TILE],
+            vec![0.0; len * TILE],
+        );
+        let mut p = Piece {
+            first,
+            b2: &mut b.0,
+            b1: &mut b.1,
+            b0: &mut b.2,
+            sx: &mut b.3,
+        };
+        f(ty, x, n, nb, &mut p);
+        b
+    }
+
+    #[test]
+    fn round_away_equals_f32_round() {
+        let mut vals = vec![
+            0.5f32,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            0.49999997,
+            -0.49999997,
+            Q_MAX,
+            -Q_MAX,
+        ];
+        vals.extend([
+            Q_MAX - 0.5,
+            4_194_304.5,
+            -4_194_303.5,
+            0.0,
+            -0.0,
+            1e-30,
+            f32::NAN,
+        ]);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = f32::from_bits(s as u32);
+            if v.is_finite() && v.abs() <= Q_MAX {
+                vals.push(v);
+            }
+            vals.push(((s >> 40) as f32 / 64.0) - 65536.0);
+        }
+        for v in vals {
+            assert_eq!(round_away(v), v.round() as i32, "{v:e}");
+        }
+    }
+
+    #[test]
+    fn bytes_equal_the_reference() {
+        let mut s = 7u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        };
+        for ty in PnType::ALL {
+            let bpw = ty.weights_per_block();
+            for (n, nb) in [(1, 1), (5, 3), (16, 2), (17, 7), (40, 5)] {
+                let mut x: Vec<f32> = (0..n * nb * bpw).map(|_| next() * 3.0).collect();
+                // Adversarial values: exact halves after scaling, a huge one, zeros, NaN, inf.
+                x[0] = 1e30;
+                if x.len() > 2 * bpw {
+                    x[bpw..2 * bpw].fill(0.0);
+                    x[bpw + 1] = f32::NAN;
+                }
+                if x.len() > 4 * bpw {
+                    for (i, v) in x[3 * bpw..4 * bpw].iter_mut().enumerate() {
+                        *v = (i as f32 - 40.0) * 0.5;
+                    }
+                    x[4 * bpw + 3] = f32::INFINITY;
+                }
+                let total = n.div_ceil(TILE) * nb;
+                for (first, len) in [(0, total), (total / 2, total - total / 2), (total - 1, 1)] {
+                    let want = run(reference, ty, &x, n, nb, first, len);
+                    let got = run(quantize_blocks, ty, &x, n, nb, first, len);
+                    assert_eq!(
+                        (&got.0, &got.1, &got.2),
+                        (&want.0, &want.1, &want.2),
+                        "{ty} n {n} nb {nb}"
+                    );
+                    for (g, w) in got.3.iter().zip(&want.3) {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{ty} n {n} nb {nb}");
+                    }
+                }
+            }
+        }
+    }
+}
