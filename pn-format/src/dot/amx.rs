@@ -185,17 +185,32 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                         *fr = accumulate(planes, *db.add(r), sx, *fr);
                     }
                 }
-                let mut vals = [0f32; TILE];
-                for (r, fr) in f.iter().enumerate().take(nr) {
-                    _mm512_storeu_ps(vals.as_mut_ptr(), *fr);
-                    for (n, &v) in vals.iter().enumerate().take(n_in - g * TILE) {
-                        outs[g * TILE + n][r0 + r] = v;
-                    }
-                }
+                write_rows(&f, nr, r0, g, outs);
             }
         }
         asm!("tilerelease", options(nostack, nomem));
     });
+}
+
+/// Writes one pass's row accumulators for input group `g`: `f[r]` holds the results of weight
+/// row `r0 + r` (the first `nr` of them real) for inputs `16 g..16 g + 16` (those below
+/// `outs.len()` real) into `outs[input][row]`.
+#[inline(always)]
+pub(super) unsafe fn write_rows(
+    f: &[__m512],
+    nr: usize,
+    r0: usize,
+    g: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let mut vals = [0f32; TILE];
+    let n_in = outs.len();
+    for (r, fr) in f.iter().enumerate().take(nr) {
+        _mm512_storeu_ps(vals.as_mut_ptr(), *fr);
+        for (n, &v) in vals.iter().enumerate().take(n_in - g * TILE) {
+            outs[g * TILE + n][r0 + r] = v;
+        }
+    }
 }
 
 /// `f + (65536 top + (256 mid + low)) * d * sx` for one weight row's 16 int32 block sums per

@@ -17,7 +17,7 @@
 //! The integer sums per block are the same as the one-tile kernel's (and the reference's), so
 //! the results are bit-identical to it: only the order of loads changes.
 
-use super::amx::{accumulate, unpack, TileConfig, SCRATCH};
+use super::amx::{accumulate, unpack, write_rows, TileConfig, SCRATCH};
 use super::tiles::{TileActs, TILE};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::asm;
@@ -235,14 +235,8 @@ unsafe fn kernel<const BITS: u32, const S: usize, const R: usize>(
                         }
                     }
                 }
-                let mut vals = [0f32; TILE];
                 for (i, fi) in f.iter().enumerate().take(live) {
-                    for (r, fr) in fi.iter().enumerate().take(nr - i * TILE) {
-                        _mm512_storeu_ps(vals.as_mut_ptr(), *fr);
-                        for (n, &v) in vals.iter().enumerate().take(n_in - g * TILE) {
-                            outs[g * TILE + n][r0 + i * TILE + r] = v;
-                        }
-                    }
+                    write_rows(fi, nr - i * TILE, r0 + i * TILE, g, outs);
                 }
             }
         }

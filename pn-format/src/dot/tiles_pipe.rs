@@ -16,7 +16,7 @@
 //! The integer sums per block and their f32 combination ([`accumulate`]) are the same as the
 //! other kernels', in the same order: results are bit-identical to them.
 
-use super::amx::{accumulate, unpack, TileConfig, SCRATCH};
+use super::amx::{accumulate, unpack, write_rows, TileConfig, SCRATCH};
 use super::tiles::{TileActs, TILE};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::asm;
@@ -195,13 +195,7 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                     store(c.0.as_mut_ptr() as *mut i32);
                 }
                 combine(nb - 1, &c, &mut f);
-                let mut vals = [0f32; TILE];
-                for (r, fr) in f.iter().enumerate().take(nr) {
-                    _mm512_storeu_ps(vals.as_mut_ptr(), *fr);
-                    for (n, &v) in vals.iter().enumerate().take(n_in - g * TILE) {
-                        outs[g * TILE + n][r0 + r] = v;
-                    }
-                }
+                write_rows(&f, nr, r0, g, outs);
             }
         }
         asm!("tilerelease", options(nostack, nomem));

@@ -48,6 +48,19 @@ fn round_away(v: f32) -> i32 {
     t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
 }
 
+/// One block's scale `sx = amax / Q_MAX` (NaN if any value is not finite) and its inverse
+/// `Q_MAX / amax` (0 for an all-zero or non-finite block).
+fn block_scale(xb: &[f32]) -> (f32, f32) {
+    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let amax = if xb.iter().all(|v| v.is_finite()) {
+        amax
+    } else {
+        f32::NAN
+    };
+    let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+    (amax / Q_MAX, inv)
+}
+
 /// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
 /// row) and block, the scale and the three bytes of each 24-bit `q` in tile order (`[kk / 4]
 /// [input 16][kk % 4]` per `[group][block]`). Padding inputs (`t >= n`) stay zero.
@@ -63,14 +76,8 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
         for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
             let t = g * TILE + col;
             let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let amax = if xb.iter().all(|v| v.is_finite()) {
-                amax
-            } else {
-                f32::NAN
-            };
-            p.sx[i * TILE + col] = amax / Q_MAX;
-            let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+            let inv;
+            (p.sx[i * TILE + col], inv) = block_scale(xb);
             for (qk, &e) in q[..bpw].iter_mut().zip(&perm[..bpw]) {
                 // Clamping first equals clamping after rounding (integer bounds); NaN stays
                 // NaN and becomes 0.
@@ -104,14 +111,8 @@ mod tests {
             for col in 0..TILE.min(n.saturating_sub(g * TILE)) {
                 let t = g * TILE + col;
                 let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
-                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let amax = if xb.iter().all(|v| v.is_finite()) {
-                    amax
-                } else {
-                    f32::NAN
-                };
-                p.sx[i * TILE + col] = amax / Q_MAX;
-                let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
+                let inv;
+                (p.sx[i * TILE + col], inv) = block_scale(xb);
                 let base = i * bpw * TILE + 4 * col;
                 for (kk, &e) in perm.iter().enumerate().take(bpw) {
                     let q = (xb[usize::from(e)] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
