@@ -32,7 +32,13 @@ fn main() {
             .wrapping_add(1442695040888963407);
         (s >> 33) as u32
     };
-    for (ty, rows, k) in [(PnType::Pn3t, 4096, 5120), (PnType::Pn4t, 1024, 17408)] {
+    let full = std::env::var("PN_AB_FULL").is_ok();
+    let shapes = if full {
+        [(PnType::Pn3t, 17408, 5120), (PnType::Pn4t, 5120, 17408)]
+    } else {
+        [(PnType::Pn3t, 4096, 5120), (PnType::Pn4t, 1024, 17408)]
+    };
+    for (ty, rows, k) in shapes {
         let nb = k / ty.weights_per_block();
         let mut w = vec![0u8; rows * nb * 34];
         for blk in w.chunks_exact_mut(34) {

@@ -38,8 +38,8 @@ mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
 pub use tiles::{
-    amx_available, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with, tiled_pass_rows, TileActs,
-    TileKernel, TILE, TILED_ROWS_MIN,
+    amx_available, default_kernel, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with,
+    tiled_pass_rows, TileActs, TileKernel, TILE, TILED_ROWS_MIN,
 };
 
 use crate::block::blocks;

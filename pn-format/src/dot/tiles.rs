@@ -187,7 +187,7 @@ pub fn matmul_tiled(
 }
 
 /// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]: the
-/// software-pipelined AMX kernel, the fastest of the three measured) or the portable reference.
+/// AMX kernel of [`default_kernel`]) or the portable reference.
 pub fn matmul_tiled_with(
     amx: bool,
     ty: PnType,
@@ -197,7 +197,7 @@ pub fn matmul_tiled_with(
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
     let kernel = if amx {
-        TileKernel::AmxPipelined
+        default_kernel()
     } else {
         TileKernel::Reference
     };
@@ -223,9 +223,25 @@ pub enum TileKernel {
 /// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
 /// waste no tile work (a range that is not computes zero rows in its last pass).
 pub fn tiled_pass_rows(ty: PnType) -> usize {
-    // The default kernel (pipelined) takes one row tile per pass.
+    #[cfg(target_arch = "x86_64")]
+    if default_kernel() == TileKernel::AmxBlocked {
+        return super::tiles_amx::pass_rows(ty);
+    }
     let _ = ty;
     TILE
+}
+
+/// The AMX kernel [`matmul_tiled`] runs: the software-pipelined one, or the one named by
+/// `PN_TILE_KERNEL` (`blocked`, `one`, `pipelined`) for A/B runs of a whole model on one
+/// machine (the three are bit-identical; their speed order changed from run to run on the
+/// loaded machine they were measured on). Cached after the first call.
+pub fn default_kernel() -> TileKernel {
+    static K: std::sync::OnceLock<TileKernel> = std::sync::OnceLock::new();
+    *K.get_or_init(|| match std::env::var("PN_TILE_KERNEL").as_deref() {
+        Ok("blocked") => TileKernel::AmxBlocked,
+        Ok("one") => TileKernel::AmxOneTile,
+        _ => TileKernel::AmxPipelined,
+    })
 }
 
 /// [`matmul_tiled`] with the kernel named.

@@ -23,6 +23,15 @@ use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
+/// Weight rows one pass of the blocked kernel covers: callers that split rows across threads
+/// keep their ranges multiples of it, or the last pass of each range computes zero rows.
+pub const fn pass_rows(ty: PnType) -> usize {
+    match ty {
+        PnType::Pn3t => 2 * TILE,
+        PnType::Pn4t => 3 * TILE,
+    }
+}
+
 /// The int32 results of one block for the three planes of `q` and `R` row tiles:
 /// `[plane][tile][row 16][input 16]`.
 #[repr(C, align(64))]
