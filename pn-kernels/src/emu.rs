@@ -14,8 +14,8 @@ mod batch;
 mod fuse;
 mod group;
 pub use batch::{pn_gemv_batch, pn_prepare_rows};
-pub use group::{pn_gemv_group, GroupMember};
 pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, Prepared};
+pub use group::{pn_gemv_group, GroupMember};
 
 /// Regions the counters split global loads by.
 pub mod region {

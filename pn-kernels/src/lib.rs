@@ -40,7 +40,8 @@ pub use error::KernelError;
 #[cfg(feature = "cuda")]
 pub use gpu::{
     cudarc, driver_present, AttnShape, DeltaRuleViews, FusedRows, Gpu, GroupMat, KvElem, KvLayout,
-    KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout, RowStrides, SplitK, MAX_GRID_Y,
+    KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout,
+    RowStrides, SplitK, MAX_GRID_Y,
 };
 pub use types::{DeltaRuleInputs, DeltaRuleShape, PnPrecision, WeightType};
 

@@ -32,13 +32,29 @@ fn check_group(members: &[(u32, usize)], k: usize, rows_override: Option<usize>,
         let mut want = vec![f32::NAN; n];
         emu::pn_gemv(&l, &ws[i], PnInput::Prepared(&xh, e), &mut want, n, k).unwrap();
         let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits_of(&ys[i]), bits_of(&want), "{what}: member {i} ({})", l.kernel);
+        assert_eq!(
+            bits_of(&ys[i]),
+            bits_of(&want),
+            "{what}: member {i} ({})",
+            l.kernel
+        );
     }
     let total: usize = ws.iter().map(Vec::len).sum();
-    assert_eq!(s.unique_bytes(region::WEIGHT), total as u64, "{what}: weight footprint");
-    assert_eq!(s.g_bytes[region::WEIGHT], total as u64, "{what}: weight bytes requested");
+    assert_eq!(
+        s.unique_bytes(region::WEIGHT),
+        total as u64,
+        "{what}: weight footprint"
+    );
+    assert_eq!(
+        s.g_bytes[region::WEIGHT],
+        total as u64,
+        "{what}: weight bytes requested"
+    );
     let ratio = s.sector_ratio(region::WEIGHT);
-    assert!(ratio <= 1.1, "{what}: weight sectors {ratio:.3}x the minimum");
+    assert!(
+        ratio <= 1.1,
+        "{what}: weight sectors {ratio:.3}x the minimum"
+    );
     assert_eq!(s.smem_max_degree, 1.0, "{what}: bank conflict");
 }
 

@@ -84,7 +84,9 @@ pub fn add_rms_norm_hadamard_prep(
     let mut lens = vec![x.len(), y.len()];
     lens.extend(add.map(<[f32]>::len));
     shape.check(K, &lens)?;
-    need(K, w.len() >= shape.n, || format!("weight has {} values", w.len()))?;
+    need(K, w.len() >= shape.n, || {
+        format!("weight has {} values", w.len())
+    })?;
     let mut p = Prepared {
         xh: vec![0; if prep { shape.rows * shape.n } else { 0 }],
         e: vec![0; if prep { shape.rows } else { 0 }],
@@ -100,8 +102,16 @@ pub fn add_rms_norm_hadamard_prep(
         big_r: shape.r as i32,
         cap: shape.n as i32,
         scale: scale(shape.r),
-        xh: if prep { p.xh.as_mut_ptr().cast() } else { std::ptr::null_mut() },
-        e: if prep { p.e.as_mut_ptr() } else { std::ptr::null_mut() },
+        xh: if prep {
+            p.xh.as_mut_ptr().cast()
+        } else {
+            std::ptr::null_mut()
+        },
+        e: if prep {
+            p.e.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
         rows: shape.rows as i32,
         grid: shape.grid,
         threads: shape.threads,
@@ -123,7 +133,10 @@ pub fn swiglu_hadamard_prep(
     const K: &str = "swiglu_hadamard_prep_f32";
     shape.check(K, &[gate.len(), up.len(), out.len()])?;
     need(K, cap > 0 && cap.is_multiple_of(shape.r), || {
-        format!("{cap} values per pass is not a multiple of the chunk {}", shape.r)
+        format!(
+            "{cap} values per pass is not a multiple of the chunk {}",
+            shape.r
+        )
     })?;
     let mut p = Prepared {
         xh: vec![0; if prep { shape.rows * shape.n } else { 0 }],
@@ -141,8 +154,16 @@ pub fn swiglu_hadamard_prep(
         big_r: shape.r as i32,
         cap: cap as i32,
         scale: scale(shape.r),
-        xh: if prep { p.xh.as_mut_ptr().cast() } else { std::ptr::null_mut() },
-        e: if prep { p.e.as_mut_ptr() } else { std::ptr::null_mut() },
+        xh: if prep {
+            p.xh.as_mut_ptr().cast()
+        } else {
+            std::ptr::null_mut()
+        },
+        e: if prep {
+            p.e.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        },
         rows: shape.rows as i32,
         grid: shape.grid,
         threads: shape.threads,

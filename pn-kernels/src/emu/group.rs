@@ -53,17 +53,27 @@ pub fn pn_gemv_group(
     const K: &str = "pn_gemv_h2p_group";
     need(
         K,
-        members.len() == g.kinds.len() && (2..=PN_GROUP_MAX).contains(&members.len()) && xh.len() >= k,
-        || format!("{} members for a launch of {}", members.len(), g.kinds.len()),
+        members.len() == g.kinds.len()
+            && (2..=PN_GROUP_MAX).contains(&members.len())
+            && xh.len() >= k,
+        || {
+            format!(
+                "{} members for a launch of {}",
+                members.len(),
+                g.kinds.len()
+            )
+        },
     )?;
     let mut all = Vec::new();
     let mut offsets = Vec::new();
     for m in members.iter() {
         let wpb = if m.bits == 3 { 80 } else { 64 };
         let n = m.y.len();
-        need(K, k.is_multiple_of(2 * wpb) && m.w.len() >= n * k / wpb * 34, || {
-            format!("member of {n} rows: {} weight bytes for k = {k}", m.w.len())
-        })?;
+        need(
+            K,
+            k.is_multiple_of(2 * wpb) && m.w.len() >= n * k / wpb * 34,
+            || format!("member of {n} rows: {} weight bytes for k = {k}", m.w.len()),
+        )?;
         offsets.push(all.len());
         all.extend_from_slice(&m.w[..n * k / wpb * 34]);
         all.resize(all.len().next_multiple_of(128), 0);

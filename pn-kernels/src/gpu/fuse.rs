@@ -80,14 +80,18 @@ impl Gpu {
         const OP: &str = "add_rms_norm_hadamard_prep";
         const K: &str = "add_rms_norm_hadamard_prep_f32";
         let NormShape { n, eps } = norm;
-        check(n == g.n && n <= Self::RMS_NORM_HADAMARD_MAX_N && w.len() >= n, OP, || {
-            format!(
-                "n = {n} (rows of {}, max {}), weight {}",
-                g.n,
-                Self::RMS_NORM_HADAMARD_MAX_N,
-                w.len()
-            )
-        })?;
+        check(
+            n == g.n && n <= Self::RMS_NORM_HADAMARD_MAX_N && w.len() >= n,
+            OP,
+            || {
+                format!(
+                    "n = {n} (rows of {}, max {}), weight {}",
+                    g.n,
+                    Self::RMS_NORM_HADAMARD_MAX_N,
+                    w.len()
+                )
+            },
+        )?;
         let lens = match &x {
             NormX::Plain(v) => [v.len(), y.len(), usize::MAX],
             NormX::AddFirst(v, a) => [v.len(), y.len(), a.len()],
@@ -132,7 +136,13 @@ impl Gpu {
         // Values per pass: whole chunks, at most 8192 (32 KB of shared memory).
         let cap = (8192 / g.r * g.r).min(g.n);
         let cap_i = cap as i32;
-        b.arg(gate).arg(up).arg(out).arg(&n_i).arg(&r_i).arg(&cap_i).arg(&scale);
+        b.arg(gate)
+            .arg(up)
+            .arg(out)
+            .arg(&n_i)
+            .arg(&r_i)
+            .arg(&cap_i)
+            .arg(&scale);
         match prep {
             Some(p) => b.arg(p.xh).arg(p.e),
             None => b.arg(&null).arg(&null),

@@ -32,9 +32,9 @@ mod topk;
 pub use attention::{AttnShape, SplitK};
 pub use delta_rule::DeltaRuleViews;
 pub use fuse::{FusedRows, NormX, PreparedOut};
-pub use pn_group::GroupMat;
 pub use kv::{KvElem, KvLayout, KvStoreRows, Q4KvByte, Q8KvByte};
 pub use norm::NormShape;
+pub use pn_group::GroupMat;
 
 use crate::error::{check, KernelError};
 use crate::types::WeightType;
