@@ -120,4 +120,12 @@ void pn_emu_region(int id, const void* p, unsigned long long len) {
     emu::st().regions[id] = emu::Region{(uintptr_t)p, (uintptr_t)p + len};
 }
 void pn_emu_stats(PnEmuStats* out) { *out = emu::st().stats; }
+// The grouped kernel pn_gemv_h2p_group on `grid` blocks; `group` is a kpn::PnGroup (layout of
+// `GroupC` in src/emu/group.rs). Returns as pn_emu_pn_gemv.
+int pn_emu_pn_gemv_group(const void* group, const void* xh, const int* e, int K, unsigned grid, unsigned threads,
+                         unsigned smem) {
+    const kpn::PnGroup g = *(const kpn::PnGroup*)group;
+    std::function<void()> body = [&] { kpn::pn_gemv_h2p_group(g, (const __half2*)xh, e, K); };
+    return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
+}
 }

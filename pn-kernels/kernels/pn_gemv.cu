@@ -13,22 +13,12 @@
 // Exact kernels (`*_gemv_f32`): the same layout with fp32 products in element order, the
 // reference for the fast path and a fallback when fp16 activations are not wanted.
 #include "pn_block.cuh"
+#include "prepare.cuh"
 
 union pn_h2u {
     pn_u32 u;
     __half2 h;
 };
-
-// Power-of-two factor that brings max|x| into [512, 1024): then a word's fp16 partial sum is at
-// most PAIRS * 8 * 1024 < 65504 for both types.
-PN_DEV float pn_x_scale_exp(float amax, int* e_out) {
-    int e = 0;
-    if (amax > 0.0f && amax < PN_INF) frexpf(amax, &e); // amax = m * 2^e, m in [0.5, 1)
-    // The cap keeps the factor a finite f32 for tiny (subnormal) activations.
-    const int se = (amax > 0.0f && amax < PN_INF) ? min(10 - e, 120) : 0; // NaN/inf: no scaling
-    *e_out = se;
-    return ldexpf(1.0f, se);
-}
 
 // Staged activations in shared memory, padded: the WEIGHTS half2 words of each pair of blocks
 // (2 x WEIGHTS elements) are followed by one unused word, so pair j starts at word
@@ -178,9 +168,16 @@ PN_DEV void pn_load_chunk(const pn_u32* __restrict__ w, int row0, int N, int npa
 // (stride WEIGHTS + 1: no bank conflict). The first chunk's loads are issued before the staging
 // barrier (they do not depend on x). Lane l works on pair 32c + l of each row as before, so the
 // results are the same bits.
+// bx / gx: this block's index and the block count of the launch over this matrix (the grouped
+// kernel gives each matrix a range of its grid); -1: blockIdx.x / gridDim.x.
 template <int BITS, int ROWS, bool PREP>
 __device__ void pn_gemv_h2_even(const pn_u32* __restrict__ w, const float* __restrict__ x, const __half2* __restrict__ xh,
-                                const int* __restrict__ e_in, float* __restrict__ y, int N, int K) {
+                                const int* __restrict__ e_in, float* __restrict__ y, int N, int K, int bx = -1,
+                                int gx = -1) {
+    if (bx < 0) {
+        bx = blockIdx.x;
+        gx = gridDim.x;
+    }
     typedef PnTraits<BITS> T;
     PN_DYN_SMEM(pn_u32, smem);
     PN_SMEM(float, scratch, 32);
@@ -190,17 +187,17 @@ __device__ void pn_gemv_h2_even(const pn_u32* __restrict__ w, const float* __res
     const int npairs = K / (2 * T::WEIGHTS), nchunks = (npairs + 31) / 32;
     const int group_rows = nwarps * ROWS;
     pn_u32 v[ROWS][PN_PAIR_WORDS];
-    int row0 = (blockIdx.x * nwarps + warp) * ROWS;
+    int row0 = (bx * nwarps + warp) * ROWS;
     if (row0 < N) pn_load_chunk<ROWS>(w, row0, N, npairs, 0, lane, v);
     const int e = pn_stage_x_h2<BITS, PREP>(x, xh, e_in, K, xs, scratch);
-    for (int g = blockIdx.x; g * group_rows < N; g += gridDim.x) {
+    for (int g = bx; g * group_rows < N; g += gx) {
         row0 = (g * nwarps + warp) * ROWS;
         if (row0 >= N) continue; // warp-uniform; no block barrier follows
         float acc[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
         for (int c = 0; c < nchunks; ++c) {
-            if (c > 0 || g != (int)blockIdx.x) pn_load_chunk<ROWS>(w, row0, N, npairs, c, lane, v);
+            if (c > 0 || g != bx) pn_load_chunk<ROWS>(w, row0, N, npairs, c, lane, v);
             __syncwarp(); // the previous chunk's tile reads are done
 #pragma unroll
             for (int r = 0; r < ROWS; ++r)
@@ -431,6 +428,45 @@ __global__ void __launch_bounds__(256) pn3t_gemv_h2p_any(PN_PARGS) { pn_gemv_h2_
 __global__ void __launch_bounds__(256) pn4t_gemv_h2p_any(PN_PARGS) { pn_gemv_h2_any<4, true>(w, nullptr, xh, e, y, N, K); }
 __global__ void __launch_bounds__(256) pn3t_gemv_f32(PN_ARGS) { pn_gemv_f32<3>(w, x, y, N, K); }
 __global__ void __launch_bounds__(256) pn4t_gemv_f32(PN_ARGS) { pn_gemv_f32<4>(w, x, y, N, K); }
+// The grouped GEMV: up to PN_GROUP_MAX matrices that read the same prepared x (the FFN gate and
+// up; attention q/k/v; the GDN qkv and gate) in one launch. Matrix m owns blocks
+// [first[m], first[m + 1]) of the grid and runs there as its own launch of that many blocks
+// would (kind: 0 pn3t r1, 1 pn3t r2, 2 pn4t r1, 3 pn4t r2), so y[m] gets the same bits. Dynamic
+// shared memory: the largest member's; every member's block size is the launch's.
+#define PN_GROUP_MAX 4
+struct PnGroup {
+    const pn_u32* w[PN_GROUP_MAX];
+    float* y[PN_GROUP_MAX];
+    int n[PN_GROUP_MAX];
+    int kind[PN_GROUP_MAX];
+    int first[PN_GROUP_MAX + 1];
+    int count;
+};
+__global__ void __launch_bounds__(256) pn_gemv_h2p_group(const PnGroup g, const __half2* __restrict__ xh, const int* __restrict__ e, int K) {
+    // The member is picked with constant indices only (a dynamic index into the parameter
+    // struct would copy it to the stack).
+    const pn_u32* w = g.w[0];
+    float* y = g.y[0];
+    int n = g.n[0], kind = g.kind[0], lo = 0, hi = g.first[1];
+#pragma unroll
+    for (int i = 1; i < PN_GROUP_MAX; ++i) {
+        if (i < g.count && (int)blockIdx.x >= g.first[i]) {
+            w = g.w[i];
+            y = g.y[i];
+            n = g.n[i];
+            kind = g.kind[i];
+            lo = g.first[i];
+            hi = g.first[i + 1];
+        }
+    }
+    const int bx = blockIdx.x - lo, gx = hi - lo;
+    switch (kind) {
+    case 0: pn_gemv_h2_even<3, 1, true>(w, nullptr, xh, e, y, n, K, bx, gx); break;
+    case 1: pn_gemv_h2_even<3, 2, true>(w, nullptr, xh, e, y, n, K, bx, gx); break;
+    case 2: pn_gemv_h2_even<4, 1, true>(w, nullptr, xh, e, y, n, K, bx, gx); break;
+    default: pn_gemv_h2_even<4, 2, true>(w, nullptr, xh, e, y, n, K, bx, gx); break;
+    }
+}
 #define PN_BARGS const pn_u32 *__restrict__ w, const __half2 *__restrict__ xh, const int *__restrict__ e, float *__restrict__ y, int N, int K, int XP
 #define PN_BATCH(bits, t) \
     __global__ void __launch_bounds__(256, 1) pn##bits##t_gemv_h2p_b##t(PN_BARGS) { pn_gemv_h2_batch<bits, t>(w, xh, e, y, N, K, XP); }

@@ -11,7 +11,11 @@ use crate::launch::Launch;
 use std::ffi::{c_void, CString};
 
 mod batch;
+mod fuse;
+mod group;
 pub use batch::{pn_gemv_batch, pn_prepare_rows};
+pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, Prepared};
+pub use group::{pn_gemv_group, GroupMember};
 
 /// Regions the counters split global loads by.
 pub mod region {

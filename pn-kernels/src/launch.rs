@@ -267,3 +267,55 @@ mod tests {
         assert!(pn_batch(4, 9, 8, 5120).is_none());
     }
 }
+
+/// Most matrices one grouped PN GEMV launch takes (`PN_GROUP_MAX` in `pn_gemv.cu`).
+pub const PN_GROUP_MAX: usize = 4;
+
+/// The grouped PN GEMV (`pn_gemv_h2p_group`): matrices that read one prepared x in one launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupLaunch {
+    /// Blocks: the members' grids side by side.
+    pub grid: u32,
+    /// Threads per block (every member's).
+    pub threads: u32,
+    /// Dynamic shared memory: the largest member's.
+    pub smem: u32,
+    /// Per member: 0 pn3t r1, 1 pn3t r2, 2 pn4t r1, 3 pn4t r2.
+    pub kinds: Vec<i32>,
+    /// Per member its first block; then the grid (`members + 1` entries).
+    pub first: Vec<i32>,
+}
+
+/// The grouped launch for `members` (`(bits, n)` each, one K for all): each member's own
+/// prepared launch ([`pn_h2`]) must be an even-block kernel (`r1` / `r2`) with the same block
+/// size; 2..=[`PN_GROUP_MAX`] members. None otherwise (run them one launch each).
+/// `rows_override` as [`pn_h2`]'s (tests: two rows per warp on small matrices).
+pub fn pn_group(
+    members: &[(u32, usize)],
+    k: usize,
+    rows_override: Option<usize>,
+) -> Option<GroupLaunch> {
+    if !(2..=PN_GROUP_MAX).contains(&members.len()) {
+        return None;
+    }
+    let mut g = GroupLaunch {
+        grid: 0,
+        threads: 0,
+        smem: 0,
+        kinds: Vec::new(),
+        first: vec![0],
+    };
+    for &(bits, n) in members {
+        let l = pn_h2(bits, n, k, true, rows_override)?;
+        if l.kernel.ends_with("any") || (g.threads != 0 && l.threads != g.threads) {
+            return None;
+        }
+        g.threads = l.threads;
+        g.smem = g.smem.max(l.smem);
+        g.kinds
+            .push(if bits == 4 { 2 } else { 0 } + i32::from(l.rows_per_warp == 2));
+        g.grid = g.grid.checked_add(l.grid)?;
+        g.first.push(i32::try_from(g.grid).ok()?);
+    }
+    Some(g)
+}

@@ -39,8 +39,9 @@ pub use embedded::{build_info, kernels_available, module, modules, ptxas_report,
 pub use error::KernelError;
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    cudarc, driver_present, AttnShape, DeltaRuleViews, Gpu, KvElem, KvLayout, KvStoreRows,
-    MatrixShape, NormShape, Q4KvByte, Q8KvByte, RowLayout, RowStrides, SplitK, MAX_GRID_Y,
+    cudarc, driver_present, AttnShape, DeltaRuleViews, FusedRows, Gpu, GroupMat, KvElem, KvLayout,
+    KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout,
+    RowStrides, SplitK, MAX_GRID_Y,
 };
 pub use types::{DeltaRuleInputs, DeltaRuleShape, PnPrecision, WeightType};
 

@@ -585,6 +585,34 @@ pub trait Backend: Send + Sync {
         self.swiglu(out, up, len)?;
         self.hadamard(out, len, block)
     }
+
+    /// The rotated input of PN matrices and the matrices in one op: `x` (after `x += add` for
+    /// [`crate::NormIn::AddFirst`]) through RMSNorm and rotation into `rot` (as
+    /// [`Backend::rms_norm_hadamard`]), then `y = rot W^T` for every `(W, y)` of `outs` (all
+    /// reading `rot`). The default is those ops in sequence
+    /// ([`crate::fused::norm_hadamard_matmul_default`]); a backend overrides it to fuse the add,
+    /// the norm, the rotation and its matrices' input conversion into one kernel.
+    fn norm_hadamard_matmul(
+        &self,
+        x: crate::NormIn<'_, Self::Buf>,
+        norm: &crate::NormRot<'_, Self::Buf>,
+        rot: &mut Self::Buf,
+        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> Result<(), ModelError> {
+        crate::fused::norm_hadamard_matmul_default(self, x, norm, rot, outs)
+    }
+
+    /// [`Backend::swiglu_hadamard`] of `s` into `out`, then `y = out W^T` for every `(W, y)`
+    /// of `outs`. The default is the two ops ([`crate::fused::swiglu_hadamard_matmul_default`]);
+    /// a backend overrides it to write its matrices' converted input in the same kernel.
+    fn swiglu_hadamard_matmul(
+        &self,
+        s: &crate::SwigluRot<'_, Self::Buf>,
+        out: &mut Self::Buf,
+        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> Result<(), ModelError> {
+        crate::fused::swiglu_hadamard_matmul_default(self, s, out, outs)
+    }
 }
 
 /// The trait default of [`Backend::gated_delta_rule_traced`]: the rows one at a time through

@@ -36,6 +36,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+pub mod fused;
 mod model;
 pub mod state;
 pub mod topk;
@@ -48,6 +49,7 @@ pub use backend::{
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
+pub use fused::{NormIn, NormRot, SwigluRot};
 pub use model::{BatchSeq, Model, MtpSeq, Outputs, Workspace};
 pub use state::{kv_bytes_per_token, GdnState, Snapshot, State, StateTrace};
 pub use weights::Weights;

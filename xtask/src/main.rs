@@ -11,6 +11,7 @@ mod quant_error;
 mod synth_model;
 mod traffic;
 mod traffic_batch;
+mod traffic_count;
 
 /// `cargo xtask`: developer tasks of the pn workspace.
 #[derive(Parser)]

@@ -468,8 +468,61 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.threads
     };
     let vocab = args.vocab.clone().unwrap_or_else(default_vocab);
-    let tok = tokenizer_metadata(&vocab)?;
-    let (planned, promoted, rot) = assign_types(&shape, args.seed)?;
+    let (meta, planned, promoted, rot) = plan_with_metadata(&shape, &vocab, args.seed)?;
+    let tmp = args.out.with_file_name(format!(
+        ".{}.partial-{}",
+        args.out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = write_model(&tmp, &meta, &planned, args.seed, threads);
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &args.out)?;
+    let size = std::fs::metadata(&args.out)?.len();
+    let secs = t0.elapsed().as_secs_f64();
+    let mut by_ty: HashMap<&str, u64> = HashMap::new();
+    for p in &planned {
+        let n = p.ty.row_bytes(p.dims[0]).unwrap_or(0) * p.dims[1..].iter().product::<u64>();
+        *by_ty.entry(p.ty.name()).or_default() += n;
+    }
+    let mut by_ty: Vec<_> = by_ty.into_iter().collect();
+    by_ty.sort();
+    for (t, n) in by_ty {
+        println!("  {t:6} {n:>15} B");
+    }
+    println!(
+        "wrote {}: {} tensors, {size} bytes ({:.3} GB) in {secs:.1} s ({:.0} MB/s); rotation {:?}; {} promoted",
+        args.out.display(),
+        planned.len(),
+        size as f64 / 1e9,
+        size as f64 / 1e6 / secs,
+        rot,
+        promoted.len()
+    );
+    Ok(())
+}
+
+/// The metadata, the typed tensors, the promoted names and the rotation block of a synthetic
+/// model of `shape` (tokenizer keys from `vocab`).
+type ModelPlan = (
+    Vec<(String, Value)>,
+    Vec<Planned>,
+    Vec<String>,
+    Option<usize>,
+);
+
+fn plan_with_metadata(
+    shape: &Shape,
+    vocab: &Path,
+    seed: u64,
+) -> Result<ModelPlan, Box<dyn std::error::Error>> {
+    let tok = tokenizer_metadata(vocab)?;
+    let (planned, promoted, rot) = assign_types(shape, seed)?;
 
     let mut meta: Vec<(String, Value)> = Vec::new();
     let a = "qwen35";
@@ -554,41 +607,28 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     kv("pn.mix", Value::String(Mix::p0k19().to_string()));
     kv("pn.promoted", Value::Array(Array::String(promoted.clone())));
 
-    let tmp = args.out.with_file_name(format!(
-        ".{}.partial-{}",
-        args.out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    let result = write_model(&tmp, &meta, &planned, args.seed, threads);
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    Ok((meta, planned, promoted, rot))
+}
+
+/// Writes the 27B synthetic model's header (metadata and tensor table, as `synth-model --shape
+/// 27b` writes them) with every tensor's data left unwritten: a sparse file of the full length
+/// whose data reads back as zeros, for passes that need the shapes and types only (the launch
+/// count of `cargo xtask traffic`).
+pub fn write_sparse_27b(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let shape = Shape::parse("27b")?;
+    let (meta, planned, _, _) = plan_with_metadata(&shape, &default_vocab(), 1234)?;
+    let mut w = GgufWriter::new(File::create(path)?);
+    for (k, v) in meta {
+        w.add_metadata(&k, v)?;
     }
-    std::fs::rename(&tmp, &args.out)?;
-    let size = std::fs::metadata(&args.out)?.len();
-    let secs = t0.elapsed().as_secs_f64();
-    let mut by_ty: HashMap<&str, u64> = HashMap::new();
     for p in &planned {
-        let n = p.ty.row_bytes(p.dims[0]).unwrap_or(0) * p.dims[1..].iter().product::<u64>();
-        *by_ty.entry(p.ty.name()).or_default() += n;
+        w.add_tensor_info(&p.name, p.ty, &p.dims)?;
     }
-    let mut by_ty: Vec<_> = by_ty.into_iter().collect();
-    by_ty.sort();
-    for (t, n) in by_ty {
-        println!("  {t:6} {n:>15} B");
+    w.write_header()?;
+    for p in &planned {
+        w.skip_tensor_data(&p.name)?;
     }
-    println!(
-        "wrote {}: {} tensors, {size} bytes ({:.3} GB) in {secs:.1} s ({:.0} MB/s); rotation {:?}; {} promoted",
-        args.out.display(),
-        planned.len(),
-        size as f64 / 1e9,
-        size as f64 / 1e6 / secs,
-        rot,
-        promoted.len()
-    );
+    w.finish()?;
     Ok(())
 }
 

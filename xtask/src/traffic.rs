@@ -7,10 +7,10 @@
 //! real decode kernels at 27B row lengths with reduced row counts, and the emulator's sector
 //! ratio of the weight loads is printed with it.
 //!
-//! Launches per token follow the backend calls of `qwen-model/src/model/layers.rs` (one launch
-//! per call except where noted) as the CUDA backend issues them today, next to the count with
-//! the fusions the kernels are ready for (fp16 copy of x from the producing norm, rotation fused
-//! into its producer), which are modelled, not built.
+//! Launches per token are counted, not written down: the 27B model's header (a sparse file)
+//! bound to `qwen_model::cuda::LaunchCounter` runs one decode token, one verify pass and one MTP
+//! draft row through `qwen-model`'s real op sequence, each op counting the launches of the CUDA
+//! backend's dispatch for it (`traffic_count`).
 
 use crate::synth_model::planned_27b;
 use gguf_io::GgmlType;
@@ -53,28 +53,6 @@ fn bytes_of(dims: &[u64], ty: GgmlType) -> u64 {
 
 fn full_attn(layer: u64) -> bool {
     (layer + 1).is_multiple_of(4) || layer == LAYERS
-}
-
-/// Launches of one layer as the backend issues them, and with the modelled fusions.
-fn layer_launches(attn: bool) -> (u64, u64) {
-    // FFN (both layer kinds): rms_norm_hadamard, pn_prepare_x, gate, up; swiglu_hadamard,
-    // pn_prepare_x, down; add. Fused: the norm / swiglu kernels write the fp16 copy (-2).
-    let ffn = (8, 6);
-    let mixer = if attn {
-        // norm_project q/k/v: rms_norm_hadamard, prepare, q, k, v; q_norm, k_norm; rope x2;
-        // kv_write x2; attn_partial + attn_combine; sigmoid_gate; project(o): copy, hadamard,
-        // prepare, gemv; add. Fused: prepare in the norm (-1), gate+rotation+fp16 copy in one
-        // kernel (-3: copy, hadamard, prepare).
-        (19, 15)
-    } else {
-        // norm_project: rms_norm_hadamard, rms_norm (alpha/beta take the unrotated input),
-        // prepare, qkv, gate, alpha, beta; conv1d_silu (+ its state copy); l2 norms of q and k;
-        // gated_delta_rule; gated_rms_norm; project(ssm_out): copy, hadamard, prepare, gemv;
-        // add. Fused: prepare in the norm (-1), alpha+beta one launch (-1), the rotation and
-        // fp16 copy in gated_rms_norm (-3), l2 norms in the delta rule (-2).
-        (18, 11)
-    };
-    (ffn.0 + mixer.0, ffn.1 + mixer.1)
 }
 
 /// A seeded generator of values in [-0.5, 0.5) (an LCG: the model's test data needs no quality).
@@ -180,17 +158,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let n_gdn = LAYERS - n_attn;
     let kv = (n_attn as f64 * args.ctx as f64 * (HKV * DH * 2) as f64 * args.kv_bytes) as u64;
     let state = n_gdn * (HV * DK * DK * 4 + 3 * CONV_DIM * 4);
-    let (mut l_now, mut l_fused) = (0u64, 0u64);
-    for l in 0..LAYERS {
-        let (a, b) = layer_launches(full_attn(l));
-        l_now += a;
-        l_fused += b;
-    }
-    // embed, final norm, head gemv, argmax / download.
-    l_now += 4;
-    l_fused += 3;
+    let rows = 1 + args.draft as usize;
+    let counted = crate::traffic_count::count_27b(rows)?;
+    let l_now = counted.decode;
     // Other activations: each non-GEMV launch reads and writes about one hidden vector.
-    let act_other = (l_now - gemvs) * 2 * 4 * D;
+    let act_other = l_now.saturating_sub(gemvs) * 2 * 4 * D;
     let ideal = w_main + head + kv + state;
     let dram = ideal + state + act + act_other; // the state is written back too
     let gb = |b: u64| b as f64 / 1e9;
@@ -215,7 +187,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         gb(act + act_other)
     );
     println!("  DRAM total                   {:>8.3} GB   ideal (weights + KV + state once) {:.3} GB   ratio {:.3}", gb(dram), gb(ideal), dram as f64 / ideal as f64);
-    println!("  launches                     {l_now} today, {l_fused} with the modelled fusions (goal < 700)");
+    println!(
+        "  launches                     {l_now} (counted from the model's op sequence; goal < 700)"
+    );
+    let ops: Vec<String> = counted
+        .decode_ops
+        .iter()
+        .map(|(op, n)| format!("{op} {n}"))
+        .collect();
+    println!("    by op: {}", ops.join(", "));
     let t = ms(dram);
     println!("  predicted P100 time          {t:.1} ms at {} GB/s = {:.1} tok/s (at 85% of peak: {:.1} tok/s)", args.bandwidth, 1e3 / t, 0.85e3 / t);
     // MTP: one verify pass over 1 + draft rows, then `draft` passes of the MTP layer (one row)
@@ -223,7 +203,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // through the small-batch GEMV (weights once, bounded by bandwidth or its ALU work,
     // traffic_batch); the other matrices (Q4_K head, q8_0 alpha/beta, small f32) run one GEMV
     // per row, so their bytes count `rows` times.
-    let rows = 1 + args.draft as usize;
     let main_plan: Vec<_> = plan
         .iter()
         .filter(|(name, _, _)| !name.starts_with(&mtp_prefix) && name != "output.weight")
@@ -245,11 +224,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tokens: f64 = (0..=args.draft)
         .map(|i| args.acceptance.powi(i as i32))
         .sum();
-    // Launches: the verify issues the decode's sequence (pn_prepare_rows in place of
-    // pn_prepare_x) plus rows - 1 more head GEMVs; a draft pass one full-attention layer, the
-    // final norm, the head and its argmax.
-    let verify_launches = l_now + r - 1;
-    let draft_launches = layer_launches(true).0 + 3;
+    // Launches: the verify pass and the draft rows, counted like the decode token.
+    let (verify_launches, draft_launches) = (counted.verify, counted.draft);
     let step_launches = verify_launches + args.draft as u64 * draft_launches;
     println!(
         "With MTP (draft {}, acceptance {}), verify of {rows} rows through the small-batch PN GEMV:",

@@ -7,7 +7,11 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 impl Gpu {
     /// The kernels' block size and scale for rotating `len` values in chunks of `r`.
-    fn hadamard_params(op: &'static str, len: usize, r: usize) -> Result<(i32, f32), KernelError> {
+    pub(super) fn hadamard_params(
+        op: &'static str,
+        len: usize,
+        r: usize,
+    ) -> Result<(i32, f32), KernelError> {
         check(r.is_power_of_two() && (2..=1024).contains(&r), op, || {
             format!("block size {r} is not a power of two in 2..=1024")
         })?;

@@ -17,20 +17,24 @@ mod attention_prefill;
 mod conv1d;
 mod delta_rule;
 mod elementwise;
+mod fuse;
 mod get_rows;
 mod hadamard;
 mod kv;
 mod matmul;
 mod norm;
 mod pn_gemv;
+mod pn_group;
 mod quant_gemv;
 mod rope;
 mod topk;
 
 pub use attention::{AttnShape, SplitK};
 pub use delta_rule::DeltaRuleViews;
+pub use fuse::{FusedRows, NormX, PreparedOut};
 pub use kv::{KvElem, KvLayout, KvStoreRows, Q4KvByte, Q8KvByte};
 pub use norm::NormShape;
+pub use pn_group::GroupMat;
 
 use crate::error::{check, KernelError};
 use crate::types::WeightType;

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 impl Gpu {
     /// Checks a PN matrix-vector call; returns the code width (3/4) and blocks per row.
-    fn pn_check(
+    pub(super) fn pn_check(
         &self,
         op: &'static str,
         m: MatrixShape,

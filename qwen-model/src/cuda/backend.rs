@@ -3,8 +3,8 @@
 
 use super::{caps, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use crate::{
-    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, Requirements,
-    RopeLayout, Unsupported, WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormIn, NormRot,
+    Requirements, RopeLayout, SwigluRot, Unsupported, WeightSource,
 };
 use pn_kernels::{NormShape, RowLayout};
 use std::ops::Range;
@@ -240,5 +240,24 @@ impl Backend for CudaBackend {
         block: usize,
     ) -> Result<(), ModelError> {
         Ok(self.try_swiglu_hadamard((gate, up), out, len, block)?)
+    }
+
+    fn norm_hadamard_matmul(
+        &self,
+        x: NormIn<'_, CudaBuf>,
+        norm: &NormRot<'_, CudaBuf>,
+        rot: &mut CudaBuf,
+        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> Result<(), ModelError> {
+        self.fused_norm_matmul(x, norm, rot, outs)
+    }
+
+    fn swiglu_hadamard_matmul(
+        &self,
+        s: &SwigluRot<'_, CudaBuf>,
+        out: &mut CudaBuf,
+        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> Result<(), ModelError> {
+        self.fused_swiglu_matmul(s, out, outs)
     }
 }

@@ -21,8 +21,10 @@ mod backend;
 mod caps;
 mod elementwise;
 mod error;
+mod fused;
 mod gdn;
 mod kv;
+mod launches;
 mod memory;
 mod norms;
 mod topk;
@@ -30,6 +32,7 @@ mod weight;
 
 pub use error::CudaError;
 pub use kv::CudaKv;
+pub use launches::{CountBuf, CountWeight, LaunchCounter};
 pub use memory::{MemoryPlan, ATTN_SCRATCH_FLOATS, RESERVE_BYTES};
 pub use weight::{device_type, CudaWeight};
 

@@ -6,8 +6,8 @@ use super::{lock, view, view_mut, CudaBackend, CudaBuf, PN_H2_MAX_K};
 use crate::{ModelError, WeightSource};
 use gguf_io::GgmlType;
 use pn_kernels::cudarc::driver::CudaSlice;
-use pn_kernels::launch::{self, PN_BATCH_MAX_T};
-use pn_kernels::{MatrixShape, PnPrecision, RowStrides, WeightType};
+use pn_kernels::launch::{self, PN_BATCH_MAX_T, PN_GROUP_MAX};
+use pn_kernels::{Gpu, GroupMat, MatrixShape, PnPrecision, RowStrides, WeightType};
 
 /// The kernel family's name for a stored type, or `None` when no kernel reads it.
 pub fn device_type(ty: GgmlType) -> Option<WeightType> {
@@ -168,6 +168,36 @@ impl CudaBackend {
         rows: usize,
         outs: &mut [(&CudaWeight, &mut CudaBuf)],
     ) -> Result<(), CudaError> {
+        self.try_matmul_from(x, rows, outs, false)
+    }
+
+    /// Whether every matrix of `mats` reads the prepared fp16 input at `rows` rows (the
+    /// single-row half2 kernels, or the small-batch kernel for 2..=8 rows), so a producer that
+    /// writes that copy itself saves the conversion launch ([`CudaBackend::try_matmul_from`]).
+    pub(crate) fn all_read_prepared(rows: usize, mats: &[MatDesc]) -> bool {
+        let k = mats.first().map_or(0, |m| m.cols);
+        !mats.is_empty()
+            && (1..=PN_BATCH_MAX_T).contains(&rows)
+            && mats.iter().all(|m| {
+                m.cols == k
+                    && (if rows == 1 {
+                        m.reads_h2()
+                    } else {
+                        m.reads_batch(rows)
+                    })
+            })
+    }
+
+    /// [`CudaBackend::try_matmul`]; with `have_prepared`, the fp16 copy of `x` and its
+    /// exponents are already in the scratch (written by a fused producer) and every matrix
+    /// reads it ([`CudaBackend::all_read_prepared`]): no conversion launch.
+    pub(super) fn try_matmul_from(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+        have_prepared: bool,
+    ) -> Result<(), CudaError> {
         const OP: &str = "matmul";
         if rows == 0 || outs.is_empty() {
             return Ok(());
@@ -180,20 +210,25 @@ impl CudaBackend {
             });
         }
         let xv = view(OP, x, 0, rows * k)?;
-        let pn_h2 = |w: &CudaWeight| {
-            matches!(w.ty, WeightType::Pn3t | WeightType::Pn4t) && w.cols <= PN_H2_MAX_K
-        };
-        let small = (2..=PN_BATCH_MAX_T).contains(&rows);
-        let pn_batch = |w: &CudaWeight| {
-            small && pn_bits(w.ty).is_some_and(|b| launch::pn_batch(b, rows, w.rows, k).is_some())
-        };
+        let pn_h2 = |w: &CudaWeight| w.desc().reads_h2();
+        let pn_batch = |w: &CudaWeight| w.desc().reads_batch(rows);
         // Decode: PN matrices share one fp16 conversion of x (same bits as converting per call);
         // a small batch converts its rows once (one launch of `rows` blocks) for every matrix.
         let mut guard = lock(&self.scratch);
         let sc = &mut *guard;
         let prepared = rows == 1 && outs.iter().any(|(w, _)| pn_h2(w));
         let batched = outs.iter().any(|(w, _)| pn_batch(w));
-        if prepared || batched {
+        if have_prepared
+            && !outs
+                .iter()
+                .all(|(w, _)| Self::all_read_prepared(rows, &[w.desc()]))
+        {
+            return Err(CudaError::driver(
+                OP,
+                "a prepared input for matrices that do not read it",
+            ));
+        }
+        if (prepared || batched) && !have_prepared {
             let xh = self.grow(&mut sc.xh, PN_H2_MAX_K.max(rows * k), "fp16 activations")?;
             let e = self.grow(&mut sc.e, PN_BATCH_MAX_T, "activation exponents")?;
             let mut xhm = xh.slice_mut(0..rows * k);
@@ -204,6 +239,45 @@ impl CudaBackend {
                 self.gpu
                     .pn_prepare_rows(&xv, (rows, k), &mut xhm, &mut em)?;
             }
+        }
+        let (descs, n_descs) = Descs::of(outs);
+        if grouped(rows, &descs.0[..n_descs]) {
+            // Every matrix reads the one prepared x: one grouped launch.
+            let (Some(xh), Some(e)) = (sc.xh.as_ref(), sc.e.as_ref()) else {
+                return Err(CudaError::driver(OP, "fp16 scratch missing"));
+            };
+            let (xh, e) = (xh.slice(0..k), e.slice(0..1));
+            let ws: Vec<&CudaWeight> = outs.iter().map(|(w, _)| *w).collect();
+            let wvs: Vec<_> = ws.iter().map(|w| w.bytes.slice(..)).collect();
+            let mut yvs = outs
+                .iter_mut()
+                .map(|(w, y)| view_mut(OP, y, 0, w.rows))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut mats: Vec<GroupMat<'_, '_>> = ws
+                .iter()
+                .zip(&wvs)
+                .zip(yvs.iter_mut())
+                .map(|((w, wv), y)| GroupMat {
+                    m: MatrixShape {
+                        ty: w.ty,
+                        n: w.rows,
+                        k,
+                    },
+                    w: wv,
+                    y,
+                })
+                .collect();
+            return self
+                .gpu
+                .pn_gemv_group(&mut mats, (&xh, &e))
+                .map_err(|e| CudaError::Driver {
+                    op: format!(
+                        "grouped matmul of `{}` and {} more",
+                        ws[0].name,
+                        ws.len() - 1
+                    ),
+                    msg: e.to_string(),
+                });
         }
         for (w, y) in outs.iter_mut() {
             let n = w.rows;
@@ -260,6 +334,115 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// A matrix as the launch plan of [`CudaBackend::try_matmul_from`] sees it (also what
+/// [`super::LaunchCounter`] counts with, so the counted plan is the one the backend runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatDesc {
+    /// Storage type.
+    pub ty: WeightType,
+    /// Output rows.
+    pub rows: usize,
+    /// Reduction length K.
+    pub cols: usize,
+}
+
+impl MatDesc {
+    /// Read at one row by the prepared half2 PN kernels.
+    pub(crate) fn reads_h2(&self) -> bool {
+        pn_bits(self.ty).is_some() && self.cols <= PN_H2_MAX_K
+    }
+    /// Read at `rows` (2..=8) rows by the small-batch PN kernel.
+    pub(crate) fn reads_batch(&self, rows: usize) -> bool {
+        (2..=PN_BATCH_MAX_T).contains(&rows)
+            && pn_bits(self.ty)
+                .is_some_and(|b| launch::pn_batch(b, rows, self.rows, self.cols).is_some())
+    }
+}
+
+impl CudaWeight {
+    /// The launch plan's view of this matrix.
+    pub(crate) fn desc(&self) -> MatDesc {
+        MatDesc {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+/// Up to [`PN_GROUP_MAX`] descriptors without allocating (`.0[..n]` valid; `None` past it).
+struct Descs([MatDesc; PN_GROUP_MAX]);
+
+impl Descs {
+    fn of(outs: &[(&CudaWeight, &mut CudaBuf)]) -> (Descs, usize) {
+        let none = MatDesc {
+            ty: WeightType::F32,
+            rows: 0,
+            cols: 0,
+        };
+        let mut d = Descs([none; PN_GROUP_MAX]);
+        if outs.len() > PN_GROUP_MAX {
+            return (d, 0);
+        }
+        for (slot, (w, _)) in d.0.iter_mut().zip(outs) {
+            *slot = w.desc();
+        }
+        (d, outs.len())
+    }
+}
+
+/// Whether [`CudaBackend::try_matmul_from`] runs `mats` in one grouped launch: one row, 2 to
+/// [`PN_GROUP_MAX`] PN matrices of one K that all read the prepared x and share a block size
+/// ([`Gpu::pn_groupable`]).
+pub(crate) fn grouped(rows: usize, mats: &[MatDesc]) -> bool {
+    if rows != 1 || !(2..=PN_GROUP_MAX).contains(&mats.len()) || !mats.iter().all(MatDesc::reads_h2)
+    {
+        return false;
+    }
+    let mut shapes = [MatrixShape {
+        ty: WeightType::F32,
+        n: 0,
+        k: 0,
+    }; PN_GROUP_MAX];
+    for (s, m) in shapes.iter_mut().zip(mats) {
+        *s = MatrixShape {
+            ty: m.ty,
+            n: m.rows,
+            k: m.cols,
+        };
+    }
+    Gpu::pn_groupable(&shapes[..mats.len()])
+}
+
+/// Launches of [`CudaBackend::try_matmul_from`] for `mats` (one K) at `rows` rows: the
+/// conversion of x (unless a producer wrote it: `have_prepared`), then per matrix one launch
+/// (prepared / small-batch / tiled kernels) or one per row (the per-row GEMVs). The same
+/// predicates as the backend's dispatch.
+pub(crate) fn matmul_launches(rows: usize, mats: &[MatDesc], have_prepared: bool) -> u64 {
+    if rows == 0 || mats.is_empty() {
+        return 0;
+    }
+    let prepared = rows == 1 && mats.iter().any(MatDesc::reads_h2);
+    let batched = mats.iter().any(|m| m.reads_batch(rows));
+    let convert = u64::from((prepared || batched) && !have_prepared);
+    if grouped(rows, mats) {
+        return convert + 1;
+    }
+    convert
+        + mats
+            .iter()
+            .map(|m| {
+                if (prepared && m.reads_h2()) || (batched && m.reads_batch(rows)) {
+                    1
+                } else if rows <= PN_BATCH_MAX_T && m.ty != WeightType::Q3K {
+                    rows as u64
+                } else {
+                    1
+                }
+            })
+            .sum::<u64>()
 }
 
 /// Code width of a PN type (3 or 4), `None` for the others.

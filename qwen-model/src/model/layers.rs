@@ -7,6 +7,7 @@ use crate::backend::{
     Backend, ConvShape, GateLayout, GdnArgs, GdnRowScratch, GdnTrace, RopeLayout,
 };
 use crate::error::ModelError;
+use crate::fused::{NormIn, NormRot, SwigluRot};
 use crate::state::{GdnState, LayerState};
 use crate::weights::{AttnWeights, GdnWeights, LayerWeights, Matrix, Mixer};
 
@@ -90,12 +91,26 @@ impl<B: Backend> Model<B> {
 
     /// [`project`] of the RMSNorm of `x` (rows of the hidden size, weight `norm`), with the
     /// rotated input of the rotated matrices produced by the fused
-    /// [`Backend::rms_norm_hadamard`] straight from `x` into `rot` (instead of a copy of the
+    /// [`Backend::norm_hadamard_matmul`] straight from `x` into `rot` (instead of a copy of the
     /// norm output rotated in place). The unrotated norm goes to `normed` only when an
     /// unrotated matrix reads it.
     pub(crate) fn norm_project<const N: usize>(
         &self,
         x: &B::Buf,
+        norm: &B::Buf,
+        normed: &mut B::Buf,
+        rot: &mut B::Buf,
+        rows: usize,
+        outs: [(&Matrix<B>, &mut B::Buf); N],
+    ) -> Result<(), ModelError> {
+        self.norm_project_in(NormIn::Plain(x), norm, normed, rot, rows, outs)
+    }
+
+    /// [`Model::norm_project`] of `x`, or of the residual `x += add` ([`NormIn::AddFirst`]:
+    /// the add fused into the norm where the backend can).
+    pub(crate) fn norm_project_in<const N: usize>(
+        &self,
+        x: NormIn<'_, B::Buf>,
         norm: &B::Buf,
         normed: &mut B::Buf,
         rot: &mut B::Buf,
@@ -110,21 +125,50 @@ impl<B: Backend> Model<B> {
         );
         let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
         if n_rot == 0 {
+            let x: &B::Buf = match x {
+                NormIn::Plain(x) => x,
+                NormIn::AddFirst { x, add } => {
+                    be.add(x, add, rows * n)?;
+                    x
+                }
+            };
             be.rms_norm(x, norm, normed, rows, n, eps)?;
             let mut o = outs.map(|(m, b)| (&m.w, b));
             return be.matmul(normed, rows, &mut o);
         }
-        be.rms_norm_hadamard(x, norm, rot, rows, n, eps, block)?;
-        if n_rot == N {
-            let mut o = outs.map(|(m, b)| (&m.w, b));
-            return be.matmul(rot, rows, &mut o);
-        }
-        // Mixed (GDN: PN qkv/gate, unquantized beta/alpha): the norm twice, both from `x`,
-        // costs less than norm, copy and rotation, and gives the same bits.
-        be.rms_norm(x, norm, normed, rows, n, eps)?;
-        for (m, b) in outs {
-            let src = if m.rotated { &*rot } else { &*normed };
-            be.matmul(src, rows, &mut [(&m.w, b)])?;
+        let nr = NormRot {
+            w: norm,
+            rows,
+            n,
+            eps,
+            block,
+        };
+        // The rotated matrices first, in their order (an in-place sort of the array: no
+        // allocation), all of them in one call on the rotated input (a backend runs them in one
+        // launch where it can); then (GDN: PN qkv/gate, unquantized beta/alpha) the norm again
+        // from the updated `x` for the unrotated ones, which costs less than norm, copy and
+        // rotation, and gives the same bits.
+        let mut i = 0;
+        let mut o = outs.map(|(m, b)| {
+            i += 1;
+            ((!m.rotated, i), &m.w, b)
+        });
+        o.sort_unstable_by_key(|t| t.0);
+        let mut o = o.map(|(_, w, b)| (w, b));
+        let (rotated, plain) = o.split_at_mut(n_rot);
+        let x = match x {
+            NormIn::Plain(x) => {
+                be.norm_hadamard_matmul(NormIn::Plain(x), &nr, rot, rotated)?;
+                x
+            }
+            NormIn::AddFirst { x, add } => {
+                be.norm_hadamard_matmul(NormIn::AddFirst { x, add }, &nr, rot, rotated)?;
+                x
+            }
+        };
+        if !plain.is_empty() {
+            be.rms_norm(x, norm, normed, rows, n, eps)?;
+            be.matmul(normed, rows, plain)?;
         }
         Ok(())
     }
@@ -151,10 +195,14 @@ impl<B: Backend> Model<B> {
             Mixer::Attention(aw) => self.attention(aw, norm, segs, ws, rows)?,
             Mixer::DeltaNet(gw) => self.deltanet(gw, norm, segs, ws, rows)?,
         }
-        be.add(&mut ws.resid, &ws.mixer_out, rows * d)?;
         let f = &lw.ffn;
-        self.norm_project(
-            &ws.resid,
+        // The residual add of the mixer output goes into the FFN's norm.
+        let resid = NormIn::AddFirst {
+            x: &mut ws.resid,
+            add: &ws.mixer_out,
+        };
+        self.norm_project_in(
+            resid,
             &lw.post_norm,
             &mut ws.normed,
             &mut ws.rotated,
@@ -163,8 +211,14 @@ impl<B: Backend> Model<B> {
         )?;
         if f.down.rotated {
             // Nothing reads the unrotated SwiGLU output: one fused op straight into `rotated`.
-            be.swiglu_hadamard(&ws.ffn_gate, &ws.ffn_up, &mut ws.rotated, rows * c.ffn, blk)?;
-            be.matmul(&ws.rotated, rows, &mut [(&f.down.w, &mut ws.mixer_out)])?;
+            let s = SwigluRot {
+                gate: &ws.ffn_gate,
+                up: &ws.ffn_up,
+                rows,
+                n: c.ffn,
+                block: blk,
+            };
+            be.swiglu_hadamard_matmul(&s, &mut ws.rotated, &mut [(&f.down.w, &mut ws.mixer_out)])?;
         } else {
             be.swiglu(&mut ws.ffn_gate, &ws.ffn_up, rows * c.ffn)?;
             project(

@@ -1,0 +1,102 @@
+//! The arguments of the fused producer-and-projection ops of [`Backend`]
+//! ([`Backend::norm_hadamard_matmul`], [`Backend::swiglu_hadamard_matmul`]) and their trait
+//! defaults, composed of the unfused ops (so a backend that keeps the defaults, the CPU, gives the
+//! bits it gave before). A backend overrides them to write the matrices' input and its
+//! prepared copy in one kernel and run the matrices after it without a conversion launch.
+
+use crate::{Backend, ModelError};
+
+/// The input of a fused norm.
+pub enum NormIn<'a, Buf> {
+    /// Normalise these rows as they are.
+    Plain(&'a Buf),
+    /// First `x += add` (the residual stream: `x` keeps the sum), then normalise `x`.
+    AddFirst {
+        /// The residual rows (updated in place).
+        x: &'a mut Buf,
+        /// What is added to them (the mixer or FFN output).
+        add: &'a Buf,
+    },
+}
+
+impl<Buf> NormIn<'_, Buf> {
+    /// The rows the norm reads (after the add).
+    pub fn rows_buf(&self) -> &Buf {
+        match self {
+            NormIn::Plain(x) => x,
+            NormIn::AddFirst { x, .. } => x,
+        }
+    }
+}
+
+/// The RMSNorm and rotation of a fused norm: `rows` rows of `n` floats, norm weight `w` (`n`
+/// floats), rotation blocks of `block` (`n` a multiple of it).
+#[derive(Clone, Copy)]
+pub struct NormRot<'a, Buf> {
+    /// Norm weight, `[n]`.
+    pub w: &'a Buf,
+    /// Rows.
+    pub rows: usize,
+    /// Row length.
+    pub n: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Rotation block.
+    pub block: usize,
+}
+
+/// The SwiGLU and rotation of [`Backend::swiglu_hadamard_matmul`]: `rows` rows of `n` floats
+/// of `gate` and `up` (`[rows, n]` each), rotation blocks of `block`.
+#[derive(Clone, Copy)]
+pub struct SwigluRot<'a, Buf> {
+    /// Gate projection rows (left unchanged).
+    pub gate: &'a Buf,
+    /// Up projection rows.
+    pub up: &'a Buf,
+    /// Rows.
+    pub rows: usize,
+    /// Row length (the FFN width).
+    pub n: usize,
+    /// Rotation block.
+    pub block: usize,
+}
+
+/// The trait default of [`Backend::norm_hadamard_matmul`]: [`Backend::add`] (for
+/// [`NormIn::AddFirst`]), [`Backend::rms_norm_hadamard`] into `rot`, [`Backend::matmul`] of
+/// `rot` into `outs`.
+pub fn norm_hadamard_matmul_default<B: Backend + ?Sized>(
+    be: &B,
+    x: NormIn<'_, B::Buf>,
+    norm: &NormRot<'_, B::Buf>,
+    rot: &mut B::Buf,
+    outs: &mut [(&B::Weight, &mut B::Buf)],
+) -> Result<(), ModelError> {
+    let NormRot {
+        w,
+        rows,
+        n,
+        eps,
+        block,
+    } = *norm;
+    let x: &B::Buf = match x {
+        NormIn::Plain(x) => x,
+        NormIn::AddFirst { x, add } => {
+            be.add(x, add, rows * n)?;
+            x
+        }
+    };
+    be.rms_norm_hadamard(x, w, rot, rows, n, eps, block)?;
+    be.matmul(rot, rows, outs)
+}
+
+/// The trait default of [`Backend::swiglu_hadamard_matmul`]: [`Backend::swiglu_hadamard`]
+/// into `out`, then [`Backend::matmul`] of `out` into `outs`.
+pub fn swiglu_hadamard_matmul_default<B: Backend + ?Sized>(
+    be: &B,
+    s: &SwigluRot<'_, B::Buf>,
+    out: &mut B::Buf,
+    outs: &mut [(&B::Weight, &mut B::Buf)],
+) -> Result<(), ModelError> {
+    be.swiglu_hadamard(s.gate, s.up, out, s.rows * s.n, s.block)?;
+    be.matmul(out, s.rows, outs)
+}
