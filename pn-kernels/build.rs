@@ -163,6 +163,7 @@ fn build_host_shim(manifest: &Path) {
         "emu_norm.cpp",
         "emu_attention.cpp",
         "emu_ops.cpp",
+        "emu_mixer.cpp",
     ] {
         println!("cargo:rerun-if-changed=host/{f}");
         emu.file(manifest.join("host").join(f));

@@ -21,6 +21,7 @@ mod get_rows;
 mod hadamard;
 mod kv;
 mod matmul;
+mod mixer;
 mod norm;
 mod pn_gemv;
 mod quant_gemv;

@@ -1,0 +1,255 @@
+//! The fused mixer kernels (`host/emu_mixer.cpp`: `kernels/mixer.cu`; the L2-normalising delta
+//! rule of `kernels/delta_rule.cu` from `host/emu_ops.cpp`) run on the host by the SIMT
+//! emulator with the CUDA wrappers' launch geometry (see [`crate::emu`]). For the host tests;
+//! not a production API.
+
+use crate::emu::{self, need, EmuError, EmuStats};
+use crate::mixer_types::{rotation_scale, GateRotation, GatedNormRotation, QkL2, QkNormRopeShape};
+use crate::types::{DeltaRuleInputs, DeltaRuleShape};
+
+#[allow(clippy::too_many_arguments)] // the C side mirrors the kernels' own parameter lists
+extern "C" {
+    fn pn_emu_qk_norm_rope(
+        q: *mut f32,
+        q_ts: i64,
+        q_hs: i64,
+        k: *mut f32,
+        k_ts: i64,
+        k_hs: i64,
+        wq: *const f32,
+        wk: *const f32,
+        n_q: i32,
+        n_k: i32,
+        n: i32,
+        eps: f32,
+        pos0: i32,
+        n_rot: i32,
+        base: f32,
+        n_tokens: i32,
+        grid_y: u32,
+    ) -> i32;
+    fn pn_emu_sigmoid_gate_hadamard(
+        x: *const f32,
+        g: *const f32,
+        out: *mut f32,
+        hd: i32,
+        n_heads: i32,
+        g_ts: i64,
+        g_hs: i64,
+        r: i32,
+        scale: f32,
+        grid: u32,
+    ) -> i32;
+    fn pn_emu_gated_rms_norm_hadamard(
+        o: *const f32,
+        z: *const f32,
+        w: *const f32,
+        out: *mut f32,
+        n: i32,
+        eps: f32,
+        span: i32,
+        r: i32,
+        scale: f32,
+        grid: u32,
+    ) -> i32;
+    fn pn_emu_delta_rule_l2(
+        q: *const f32,
+        k: *const f32,
+        qk_stride: i64,
+        v: *const f32,
+        v_stride: i64,
+        b: *const f32,
+        al: *const f32,
+        ab_stride: i64,
+        dt_bias: *const f32,
+        ssm_a: *const f32,
+        state: *mut f32,
+        out: *mut f32,
+        out_stride: i64,
+        n_v_heads: i32,
+        n_k_heads: i32,
+        t: i32,
+        q_scale: f32,
+        eps: f32,
+    ) -> i32;
+}
+
+/// `qk_norm_rope_f32` in place on `q` and `k` (norm weights `wq`, `wk` of `head_dim`), on a
+/// grid of `grid_y` token blocks (below `s.n_tokens` the kernel strides).
+pub fn qk_norm_rope(
+    s: &QkNormRopeShape,
+    (q, k): (&mut [f32], &mut [f32]),
+    (wq, wk): (&[f32], &[f32]),
+    grid_y: u32,
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "qk_norm_rope_f32";
+    if let Some(why) = s.refusal() {
+        return Err(EmuError::Shape {
+            kernel: K.into(),
+            what: why,
+        });
+    }
+    need(
+        K,
+        q.len() >= s.q_len()
+            && k.len() >= s.k_len()
+            && wq.len() >= s.head_dim
+            && wk.len() >= s.head_dim
+            && grid_y > 0,
+        || format!("buffers short for {s:?}"),
+    )?;
+    emu::counted(K, &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_emu_qk_norm_rope(
+                q.as_mut_ptr(),
+                s.q_tok_stride as i64,
+                s.q_head_stride as i64,
+                k.as_mut_ptr(),
+                s.k_tok_stride as i64,
+                s.k_head_stride as i64,
+                wq.as_ptr(),
+                wk.as_ptr(),
+                s.n_q_heads as i32,
+                s.n_k_heads as i32,
+                s.head_dim as i32,
+                s.eps,
+                s.pos0 as i32,
+                s.n_rot as i32,
+                s.base,
+                s.n_tokens as i32,
+                grid_y,
+            )
+        }
+    })
+}
+
+/// `sigmoid_gate_hadamard_f32`: `out = H(x * sigmoid(g))` laid out as `s`.
+pub fn sigmoid_gate_hadamard(
+    s: &GateRotation,
+    x: &[f32],
+    g: &[f32],
+    out: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "sigmoid_gate_hadamard_f32";
+    if let Some(why) = s.refusal() {
+        return Err(EmuError::Shape {
+            kernel: K.into(),
+            what: why,
+        });
+    }
+    need(
+        K,
+        x.len() >= s.len && out.len() >= s.len && g.len() >= s.gate_len(),
+        || format!("buffers short for {s:?}"),
+    )?;
+    emu::counted(K, &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_emu_sigmoid_gate_hadamard(
+                x.as_ptr(),
+                g.as_ptr(),
+                out.as_mut_ptr(),
+                s.head_dim as i32,
+                s.n_heads as i32,
+                s.gate_tok_stride as i64,
+                s.gate_head_stride as i64,
+                s.block as i32,
+                rotation_scale(s.block),
+                (s.len / s.block) as u32,
+            )
+        }
+    })
+}
+
+/// `gated_rms_norm_hadamard_f32`: `out = H(rms(o) * w * silu(z))` laid out as `s`.
+pub fn gated_rms_norm_hadamard(
+    s: &GatedNormRotation,
+    (o, z, w): (&[f32], &[f32], &[f32]),
+    out: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "gated_rms_norm_hadamard_f32";
+    if let Some(why) = s.refusal() {
+        return Err(EmuError::Shape {
+            kernel: K.into(),
+            what: why,
+        });
+    }
+    need(
+        K,
+        o.len() >= s.len && z.len() >= s.len && out.len() >= s.len && w.len() >= s.n,
+        || format!("buffers short for {s:?}"),
+    )?;
+    let span = s.span();
+    emu::counted(K, &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_emu_gated_rms_norm_hadamard(
+                o.as_ptr(),
+                z.as_ptr(),
+                w.as_ptr(),
+                out.as_mut_ptr(),
+                s.n as i32,
+                s.eps,
+                span as i32,
+                s.block as i32,
+                rotation_scale(s.block),
+                (s.len / span) as u32,
+            )
+        }
+    })
+}
+
+/// `delta_rule_l2_f32`: [`crate::emu_ops::delta_rule`] on raw q and k, normalised as `l2`
+/// says inside the kernel.
+pub fn delta_rule_l2(
+    x: &DeltaRuleInputs<&[f32]>,
+    s: &DeltaRuleShape,
+    l2: QkL2,
+    state: &mut [f32],
+    out: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    let (nv, nk, t, d) = (s.n_v_heads, s.n_k_heads, s.t_len, 128);
+    let t1 = t.max(1) - 1;
+    need(
+        "delta_rule_l2_f32",
+        t > 0
+            && nv > 0
+            && nk > 0
+            && x.q.len() >= t1 * s.qk_stride + nk * d
+            && x.k.len() >= t1 * s.qk_stride + nk * d
+            && x.v.len() >= t1 * s.v_stride + nv * d
+            && out.len() >= t1 * s.out_stride + nv * d
+            && x.beta_raw.len() >= t1 * s.ab_stride + nv
+            && x.alpha_raw.len() >= t1 * s.ab_stride + nv
+            && x.dt_bias.len() >= nv
+            && x.ssm_a.len() >= nv
+            && state.len() >= nv * d * d,
+        || format!("buffers short for {s:?}"),
+    )?;
+    emu::counted("delta_rule_l2_f32", &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_emu_delta_rule_l2(
+                x.q.as_ptr(),
+                x.k.as_ptr(),
+                s.qk_stride as i64,
+                x.v.as_ptr(),
+                s.v_stride as i64,
+                x.beta_raw.as_ptr(),
+                x.alpha_raw.as_ptr(),
+                s.ab_stride as i64,
+                x.dt_bias.as_ptr(),
+                x.ssm_a.as_ptr(),
+                state.as_mut_ptr(),
+                out.as_mut_ptr(),
+                s.out_stride as i64,
+                nv as i32,
+                nk as i32,
+                t as i32,
+                l2.q_scale,
+                l2.eps,
+            )
+        }
+    })
+}
