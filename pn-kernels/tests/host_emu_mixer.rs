@@ -397,3 +397,67 @@ fn delta_rule_l2_equals_norms_then_the_delta_rule() {
     assert_rel("delta_rule_l2 state", &st1, &s64, 1e-5);
     assert!(out1.iter().all(|v| v.is_finite()));
 }
+
+#[test]
+fn rms_norm_hadamard_dual_equals_the_norm_and_the_fused_rotation() {
+    let mut r = rng(75);
+    // The 27B hidden state (5120) at R 64 and 256; a zero row.
+    for (rows, n, rr) in [
+        (2usize, 5120usize, 256usize),
+        (3, 5120, 64),
+        (1, 1024, 1024),
+    ] {
+        let mut x = random_vec(&mut r, rows * n, 3.0);
+        x[..n].iter_mut().for_each(|v| *v = 0.0);
+        let w = random_vec(&mut r, n, 1.5);
+        let (mut rot, mut plain) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n]);
+        let st = emu_mixer::rms_norm_hadamard_dual(
+            (&x, &w),
+            (&mut rot, &mut plain),
+            (rows, n, 1e-6),
+            rr,
+        )
+        .unwrap();
+        let what = format!("rms_norm_hadamard_dual {rows}x{n} R={rr}");
+        assert_eq!(st.smem_max_degree, 1.0, "{what}: bank conflict");
+        // rms_norm_f32 and rms_norm_hadamard_f32 with the wrappers' 256 threads, bit for bit.
+        let mut want_plain = vec![f32::NAN; rows * n];
+        emu::norm(
+            Norm::Rms {
+                w: Some(&w),
+                eps: 1e-6,
+            },
+            &x,
+            &mut want_plain,
+            n,
+            256,
+        )
+        .unwrap();
+        assert_bits(&format!("{what}: plain"), &plain, &want_plain);
+        let mut want_rot = vec![f32::NAN; rows * n];
+        emu::hadamard(
+            Rotation::RmsNorm {
+                w: &w,
+                n,
+                eps: 1e-6,
+            },
+            &x,
+            &mut want_rot,
+            rr,
+            256,
+        )
+        .unwrap();
+        assert_bits(&format!("{what}: rotated"), &rot, &want_rot);
+        let p64: Vec<f64> = want_plain.iter().map(|v| *v as f64).collect();
+        assert_rel(&what, &rot, &hadamard_ref(&p64, rr), 1e-5);
+    }
+    let (mut a, mut b) = (vec![0f32; 100], vec![0f32; 100]);
+    let e = emu_mixer::rms_norm_hadamard_dual(
+        (&[0.0; 100], &[1.0; 100]),
+        (&mut a, &mut b),
+        (1, 100, 1e-6),
+        64,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("bad shape"), "{e}");
+}
