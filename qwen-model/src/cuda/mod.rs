@@ -24,6 +24,7 @@ mod error;
 mod gdn;
 mod kv;
 mod memory;
+mod mixer;
 mod norms;
 mod topk;
 mod weight;

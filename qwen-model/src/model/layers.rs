@@ -4,7 +4,8 @@
 
 use super::{Model, Workspace};
 use crate::backend::{
-    Backend, ConvShape, GateLayout, GdnArgs, GdnRowScratch, GdnTrace, RopeLayout,
+    Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch, GdnTrace, QkNormRope,
+    RopeLayout, RotatedOut,
 };
 use crate::error::ModelError;
 use crate::state::{GdnState, LayerState};
@@ -192,14 +193,8 @@ impl<B: Backend> Model<B> {
         rows: usize,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
-        let (dh, eps, blk) = (c.head_dim, c.rms_eps, self.rot_block());
-        let (hq, hkv, kv, qd, ad) = (
-            c.n_q_heads,
-            c.n_kv_heads,
-            c.kv_dim(),
-            c.q_proj_dim(),
-            c.attn_out_dim(),
-        );
+        let (dh, blk) = (c.head_dim, self.rot_block());
+        let (hq, kv, qd, ad) = (c.n_q_heads, c.kv_dim(), c.q_proj_dim(), c.attn_out_dim());
         self.norm_project(
             &ws.resid,
             norm,
@@ -212,9 +207,7 @@ impl<B: Backend> Model<B> {
                 (&aw.v, &mut ws.v),
             ],
         )?;
-        // Per-head q/k RMSNorm (row by row: every sequence at once).
-        be.rms_norm_strided(&mut ws.q_gate, &aw.q_norm, dh, 2 * dh, rows * hq, eps)?;
-        be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps)?;
+        // The per-head q/k RMSNorm runs with RoPE per sequence (`attend`: one fused op).
         for i in 0..segs.count() {
             let seg = segs.seg(i);
             let LayerState::Attention { k: kc, v: vc } = seg.ls else {
@@ -228,7 +221,7 @@ impl<B: Backend> Model<B> {
                     v: &ws.v,
                     out: &mut ws.attn_out,
                 };
-                self.attend(bufs, kc, vc, seg.step)?;
+                self.attend(aw, bufs, (kc, vc), seg.step)?;
                 continue;
             }
             let sb = ws.seg.as_mut().ok_or_else(no_seg)?;
@@ -241,7 +234,7 @@ impl<B: Backend> Model<B> {
                 v: &sb.v,
                 out: &mut sb.attn_out,
             };
-            self.attend(bufs, kc, vc, seg.step)?;
+            self.attend(aw, bufs, (kc, vc), seg.step)?;
             be.copy(&sb.attn_out, 0, &mut ws.attn_out, r0 * ad, n * ad)?;
         }
         // Output gate: the second half of each head's q-projection slice (which RoPE does not
@@ -253,6 +246,16 @@ impl<B: Backend> Model<B> {
             token_stride: qd,
             head_stride: 2 * dh,
         };
+        if aw.o.rotated {
+            // Gate and rotation straight into `rotated`: one fused op instead of the gate, a
+            // copy and the rotation.
+            let o = RotatedOut {
+                out: &mut ws.rotated,
+                block: blk,
+            };
+            be.sigmoid_gate_hadamard((&mut ws.attn_out, &ws.q_gate, &gate), rows, o)?;
+            return be.matmul(&ws.rotated, rows, &mut [(&aw.o.w, &mut ws.mixer_out)]);
+        }
         be.sigmoid_gate(&mut ws.attn_out, &ws.q_gate, &gate, rows)?;
         project(
             be,
@@ -264,13 +267,13 @@ impl<B: Backend> Model<B> {
         )
     }
 
-    /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: RoPE at its
-    /// positions, the K/V cache write, attention over its cache.
+    /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: the per-head
+    /// q/k norms with RoPE at its positions, the K/V cache write, attention over its cache.
     fn attend(
         &self,
+        aw: &AttnWeights<B>,
         b: AttnBufs<'_, B>,
-        kc: &mut B::KvBuf,
-        vc: &mut B::KvBuf,
+        (kc, vc): (&mut B::KvBuf, &mut B::KvBuf),
         step: Step,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
@@ -293,10 +296,20 @@ impl<B: Backend> Model<B> {
             token_stride: kv,
             n_rot: c.rope_dims,
         };
-        be.rope(b.q_gate, &q_rope, rows, rope_pos0, c.rope_theta)?;
-        be.rope(b.k, &k_rope, rows, rope_pos0, c.rope_theta)?;
-        be.kv_write(b.k, kc, cache_pos0 * kv, rows * kv)?;
-        be.kv_write(b.v, vc, cache_pos0 * kv, rows * kv)?;
+        be.qk_norm_rope(QkNormRope {
+            q: &mut *b.q_gate,
+            k: &mut *b.k,
+            q_norm: &aw.q_norm,
+            k_norm: &aw.k_norm,
+            q_layout: q_rope,
+            k_layout: k_rope,
+            head_dim: c.head_dim,
+            eps: c.rms_eps,
+            n_tokens: rows,
+            pos0: rope_pos0,
+            theta: c.rope_theta,
+        })?;
+        be.kv_write_pair((b.k, b.v), (kc, vc), cache_pos0 * kv, rows * kv)?;
         be.attention(
             b.q_gate,
             kc,
@@ -365,6 +378,19 @@ impl<B: Backend> Model<B> {
             };
             self.gdn_core(gw, st, bufs, n, trace)?;
             be.copy(&sb.gdn_out, 0, &mut ws.gdn_out, r0 * vd, n * vd)?;
+        }
+        if gw.out.rotated {
+            // Norm and rotation straight into `rotated`: one fused op instead of the norm, a
+            // copy and the rotation.
+            let shape = GatedNormShape {
+                len: rows * vd,
+                n: g.dv,
+                eps: c.rms_eps,
+                block: blk,
+            };
+            let (x, z) = (&mut ws.gdn_out, &ws.gdn_gate);
+            be.gated_rms_norm_hadamard((x, z, &gw.norm), &mut ws.rotated, shape)?;
+            return be.matmul(&ws.rotated, rows, &mut [(&gw.out.w, &mut ws.mixer_out)]);
         }
         be.gated_rms_norm(
             &mut ws.gdn_out,
