@@ -7,6 +7,10 @@
 namespace kmix {
 #include "mixer.cu"
 }
+// attn_combine of host/emu_attention.cpp (extern "C": one symbol), the reference of the fused
+// combine.
+extern "C" void attn_combine(const float* part_o, const float* part_ml, int n_split, float* o, long long o_tok_stride,
+                             int n_tokens);
 
 extern "C" {
 // qk_norm_rope_f32 on grid (n_q + n_k, grid_y), 256 threads, n floats of dynamic shared memory
@@ -44,5 +48,21 @@ int pn_emu_rms_norm_hadamard_dual(const float* x, long long x_stride, float* y, 
         kmix::rms_norm_hadamard_dual_f32(x, x_stride, y, y_stride, yp, yp_stride, w, n, eps, R, scale);
     };
     return emu::launch3(EmuDim3{rows, 1, 1}, 256, (unsigned)(n * 4), body) ? 0 : -1;
+}
+
+// attn_combine_gate_hadamard_f32 on len / R blocks of clamp(R/2, 32, 512) threads, R floats of
+// shared memory (len = T * n_head * 256).
+int pn_emu_attn_combine_gate_hadamard(const float* part_o, const float* part_ml, int n_split, int n_head, const float* g,
+                                      long long g_ts, long long g_hs, float* out, int R, float scale, unsigned grid) {
+    std::function<void()> body = [&] {
+        kmix::attn_combine_gate_hadamard_f32(part_o, part_ml, n_split, n_head, g, g_ts, g_hs, out, R, scale);
+    };
+    const unsigned threads = (unsigned)(R / 2 < 32 ? 32 : (R / 2 > 512 ? 512 : R / 2));
+    return emu::launch3(EmuDim3{grid, 1, 1}, threads, (unsigned)(R * 4), body) ? 0 : -1;
+}
+// attn_combine (attention.cu) on (n_head, T) blocks of 256 threads: o [T][n_head][256].
+int pn_emu_attn_combine(const float* part_o, const float* part_ml, int n_split, int n_head, float* o, int T) {
+    std::function<void()> body = [&] { attn_combine(part_o, part_ml, n_split, o, (long long)n_head * 256, T); };
+    return emu::launch3(EmuDim3{(unsigned)n_head, (unsigned)T, 1}, 256, 0, body) ? 0 : -1;
 }
 }

@@ -9,6 +9,8 @@
 //   three (gate, copy, rotation);
 // - gated_rms_norm_hadamard_f32: the GDN output norm (norm.cu gated_rms_norm_f32, 128 threads)
 //   and the rotation of ssm_out's input, one launch instead of three;
+// - attn_combine_gate_hadamard_f32: the merge of the split-K attention partials (attention.cu
+//   attn_combine), the output gate and the rotation, one launch instead of two;
 // - rms_norm_hadamard_dual_f32: the GDN input norm rotated (for the PN qkv/gate) and unrotated
 //   (for the unquantized alpha/beta) from one pass, one launch instead of rms_norm_hadamard_f32
 //   and rms_norm_f32 (both 256 threads, so all three reduce in one order).
@@ -132,5 +134,40 @@ __global__ void __launch_bounds__(512) rms_norm_hadamard_dual_f32(const float* _
     pn_fwht_smem(buf, n, R);
     float* yr = y + blockIdx.x * y_stride;
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = buf[i] * scale;
+}
+
+// attn_combine (attention.cu) of the split-K partials, then the output gate, then the rotation:
+// out = H_R(combine(part) * sigmoid(g)) over the chunk of R values of block x of the attention
+// output [T][n_head][256]; part_o [T][n_head][n_split][256], part_ml [T][n_head][n_split][2]
+// (max, sum; a sum of 0 marks a split past the query's causal end); the gate of value (t, h, d)
+// at g[t*g_ts + h*g_hs + d]. Each value merges its splits in attn_combine's order. Threads R/2
+// (32..512); dynamic shared memory R floats.
+__global__ void __launch_bounds__(512) attn_combine_gate_hadamard_f32(const float* __restrict__ part_o,
+                                                                      const float* __restrict__ part_ml, int n_split,
+                                                                      int n_head, const float* __restrict__ g,
+                                                                      long long g_ts, long long g_hs, float* __restrict__ out,
+                                                                      int R, float scale) {
+    PN_DYN_SMEM(float, buf);
+    const long long base = (long long)blockIdx.x * R;
+    for (int i = threadIdx.x; i < R; i += blockDim.x) {
+        const long long e = base + i, row = e / 256, t = row / n_head, h = row % n_head;
+        const int d = (int)(e % 256);
+        const long long pb = row * n_split;
+        float M = -PN_INF;
+        for (int s = 0; s < n_split; ++s) if (part_ml[2 * (pb + s) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (pb + s)]);
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < n_split; ++s) {
+            const float ls = part_ml[2 * (pb + s) + 1];
+            if (ls == 0.0f) continue;
+            const float f = expf(part_ml[2 * (pb + s)] - M);
+            L += ls * f;
+            A += part_o[(pb + s) * 256 + d] * f;
+        }
+        const float o = L > 0.0f ? A / L : 0.0f;
+        buf[i] = o * pn_sigmoid(g[t * g_ts + h * g_hs + d]);
+    }
+    __syncthreads();
+    pn_fwht_smem(buf, R, R);
+    for (int i = threadIdx.x; i < R; i += blockDim.x) out[base + i] = buf[i] * scale;
 }
 }

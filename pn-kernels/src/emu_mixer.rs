@@ -66,6 +66,27 @@ extern "C" {
         scale: f32,
         rows: u32,
     ) -> i32;
+    fn pn_emu_attn_combine_gate_hadamard(
+        part_o: *const f32,
+        part_ml: *const f32,
+        n_split: i32,
+        n_head: i32,
+        g: *const f32,
+        g_ts: i64,
+        g_hs: i64,
+        out: *mut f32,
+        r: i32,
+        scale: f32,
+        grid: u32,
+    ) -> i32;
+    fn pn_emu_attn_combine(
+        part_o: *const f32,
+        part_ml: *const f32,
+        n_split: i32,
+        n_head: i32,
+        o: *mut f32,
+        t: i32,
+    ) -> i32;
     fn pn_emu_delta_rule_l2(
         q: *const f32,
         k: *const f32,
@@ -308,6 +329,98 @@ pub fn rms_norm_hadamard_dual(
                 r as i32,
                 rotation_scale(r),
                 rows as u32,
+            )
+        }
+    })
+}
+
+/// The split-K partials of one attention call: `part_o` `[T][n_head][n_split][256]`,
+/// `part_ml` `[T][n_head][n_split][2]` (max, sum).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPartials<'a> {
+    /// Partial outputs.
+    pub part_o: &'a [f32],
+    /// (max, sum) per split.
+    pub part_ml: &'a [f32],
+    /// Splits per (token, head).
+    pub n_split: usize,
+}
+
+impl AttnPartials<'_> {
+    fn check(&self, kernel: &str, rows: usize) -> Result<(), EmuError> {
+        let n = rows * self.n_split;
+        need(
+            kernel,
+            self.n_split > 0 && self.part_o.len() >= n * 256 && self.part_ml.len() >= 2 * n,
+            || format!("partials short for {rows} rows of {} splits", self.n_split),
+        )
+    }
+}
+
+/// `attn_combine_gate_hadamard_f32`: `out = H(combine(p) * sigmoid(g))` laid out as `s`
+/// (`s.head_dim` 256, `s.len` = T * n_heads * 256).
+pub fn attn_combine_gate_hadamard(
+    p: &AttnPartials<'_>,
+    s: &GateRotation,
+    g: &[f32],
+    out: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "attn_combine_gate_hadamard_f32";
+    if let Some(why) = s.refusal() {
+        return Err(EmuError::Shape {
+            kernel: K.into(),
+            what: why,
+        });
+    }
+    need(
+        K,
+        s.head_dim == 256 && out.len() >= s.len && g.len() >= s.gate_len(),
+        || format!("heads of 256 and buffers for {s:?}"),
+    )?;
+    p.check(K, s.len / 256)?;
+    emu::counted(K, &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above.
+        unsafe {
+            pn_emu_attn_combine_gate_hadamard(
+                p.part_o.as_ptr(),
+                p.part_ml.as_ptr(),
+                p.n_split as i32,
+                s.n_heads as i32,
+                g.as_ptr(),
+                s.gate_tok_stride as i64,
+                s.gate_head_stride as i64,
+                out.as_mut_ptr(),
+                s.block as i32,
+                rotation_scale(s.block),
+                (s.len / s.block) as u32,
+            )
+        }
+    })
+}
+
+/// `attn_combine` (attention.cu) alone: the merged output `o` `[t][n_head][256]`.
+pub fn attn_combine(
+    p: &AttnPartials<'_>,
+    (t, n_head): (usize, usize),
+    o: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "attn_combine";
+    need(
+        K,
+        t > 0 && n_head > 0 && o.len() >= t * n_head * 256,
+        || format!("o has {} floats for {t} x {n_head} heads", o.len()),
+    )?;
+    p.check(K, t * n_head)?;
+    emu::counted(K, &[], || {
+        // SAFETY: lengths checked above.
+        unsafe {
+            pn_emu_attn_combine(
+                p.part_o.as_ptr(),
+                p.part_ml.as_ptr(),
+                p.n_split as i32,
+                n_head as i32,
+                o.as_mut_ptr(),
+                t as i32,
             )
         }
     })

@@ -461,3 +461,99 @@ fn rms_norm_hadamard_dual_equals_the_norm_and_the_fused_rotation() {
     .unwrap_err();
     assert!(e.to_string().contains("bad shape"), "{e}");
 }
+
+#[test]
+fn attn_combine_gate_hadamard_equals_combine_gate_and_rotation() {
+    let mut r = rng(76);
+    // The 27B decode attention output (24 heads of 256), 5 splits, the last ones past a query's
+    // causal end (sum 0) as the partial kernel writes them; R 256, 64 and 1024.
+    for (t, nh, ns, rr) in [
+        (1usize, 24usize, 5usize, 256usize),
+        (2, 24, 5, 64),
+        (3, 4, 3, 1024),
+    ] {
+        let rows = t * nh;
+        let part_o = random_vec(&mut r, rows * ns * 256, 3.0);
+        let mut part_ml = Vec::with_capacity(rows * ns * 2);
+        for row in 0..rows {
+            for sp in 0..ns {
+                let live = sp + 1 < ns || row % 2 == 0;
+                part_ml.push(if live {
+                    r.random_range(-8.0f32..8.0)
+                } else {
+                    f32::NEG_INFINITY
+                });
+                part_ml.push(if live {
+                    r.random_range(0.5f32..40.0)
+                } else {
+                    0.0
+                });
+            }
+        }
+        let p = emu_mixer::AttnPartials {
+            part_o: &part_o,
+            part_ml: &part_ml,
+            n_split: ns,
+        };
+        let (gts, ghs) = (nh * 512, 512);
+        let qg = random_vec(&mut r, t * gts, 6.0);
+        let g = &qg[256..];
+        let s = GateRotation {
+            len: rows * 256,
+            n_heads: nh,
+            head_dim: 256,
+            gate_tok_stride: gts,
+            gate_head_stride: ghs,
+            block: rr,
+        };
+        let mut out = vec![f32::NAN; s.len];
+        let st = emu_mixer::attn_combine_gate_hadamard(&p, &s, g, &mut out).unwrap();
+        let what = format!("attn_combine_gate_hadamard t={t} heads={nh} splits={ns} R={rr}");
+        assert_eq!(st.smem_max_degree, 1.0, "{what}: bank conflict");
+        // attn_combine, sigmoid_gate_f32, hadamard_f32: bit for bit.
+        let mut o = vec![f32::NAN; s.len];
+        emu_mixer::attn_combine(&p, (t, nh), &mut o).unwrap();
+        let mut gated = o.clone();
+        let op = Elementwise::SigmoidGate {
+            x: &mut gated,
+            g,
+            hd: 256,
+            n_heads: nh,
+            g_ts: gts,
+            g_hs: ghs,
+        };
+        emu_ops::elementwise(op, 4).unwrap();
+        let mut want_bits = vec![f32::NAN; s.len];
+        let threads = (rr as u32 / 2).clamp(32, 512);
+        emu::hadamard(Rotation::Plain, &gated, &mut want_bits, rr, threads).unwrap();
+        assert_bits(&what, &out, &want_bits);
+        // f64: the softmax merge of the live splits.
+        let mut want = vec![0f64; s.len];
+        for row in 0..rows {
+            let ml = |sp: usize| {
+                (
+                    part_ml[2 * (row * ns + sp)] as f64,
+                    part_ml[2 * (row * ns + sp) + 1] as f64,
+                )
+            };
+            let m = (0..ns)
+                .filter(|&sp| ml(sp).1 > 0.0)
+                .map(|sp| ml(sp).0)
+                .fold(f64::MIN, f64::max);
+            let l: f64 = (0..ns)
+                .map(&ml)
+                .filter(|x| x.1 > 0.0)
+                .map(|(ms, ls)| ls * (ms - m).exp())
+                .sum();
+            for d in 0..256 {
+                let a: f64 = (0..ns)
+                    .filter(|&sp| ml(sp).1 > 0.0)
+                    .map(|sp| part_o[(row * ns + sp) * 256 + d] as f64 * (ml(sp).0 - m).exp())
+                    .sum();
+                let gv = g[(row / nh) * gts + (row % nh) * ghs + d] as f64;
+                want[row * 256 + d] = a / l / (1.0 + (-gv).exp());
+            }
+        }
+        assert_rel(&what, &out, &hadamard_ref(&want, rr), 1e-5);
+    }
+}

@@ -11,7 +11,7 @@ use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
 pub(crate) mod mixer_ops;
-pub use mixer_ops::{GatedNormShape, NormRows, QkNormRope, RotatedOut};
+pub use mixer_ops::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
 
 /// Layout of the q/k heads a RoPE call rotates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -621,6 +621,18 @@ pub trait Backend: Send + Sync {
         o: RotatedOut<'_, Self::Buf>,
     ) -> Result<(), ModelError> {
         mixer_ops::sigmoid_gate_hadamard(self, (x, gate, g), n_tokens, o)
+    }
+
+    /// [`Backend::attention`] then [`Backend::sigmoid_gate_hadamard`] of its output into
+    /// `o.out` (the rotated input of a PN o-projection). The default is the two ops (their
+    /// bits); a backend overrides it by merging the attention's splits, the gate and the
+    /// rotation in one kernel.
+    fn attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, Self::Buf>,
+    ) -> Result<(), ModelError> {
+        mixer_ops::attention_gate_hadamard(self, a, o)
     }
 
     /// `out = H(rms(x) * w * silu(z))` per row of `s.n` over `s.len` floats, rotated in blocks

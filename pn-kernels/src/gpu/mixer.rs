@@ -2,7 +2,7 @@
 //! output gate with the o-projection's rotation, the GDN output norm with ssm_out's rotation;
 //! each one launch where the decode path took two to four.
 
-use super::{drv, Gpu, NormShape};
+use super::{drv, AttnShape, Gpu, KvElem, NormShape, SplitK};
 use crate::error::{check, KernelError};
 use crate::mixer_types::{rotation_scale, GateRotation, GatedNormRotation, QkNormRopeShape};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -230,6 +230,66 @@ impl Gpu {
         // SAFETY: arguments as declared; lengths checked; shared memory n floats.
         unsafe { b.launch(Self::cfg((rows as u32, 1, 1), 256, (n * 4) as u32)) }
             .map_err(drv("rms_norm_hadamard_dual_f32"))?;
+        Ok(())
+    }
+
+    /// [`Gpu::attention`] whose merge of the splits also applies the output gate and the
+    /// rotation: `out = H(attention(q) * sigmoid(g))`, the gate and rotation laid out as `gr`
+    /// (`gr.len` the whole output, heads of 256). The partial kernel, then
+    /// `attn_combine_gate_hadamard_f32`: two launches for what attention, the gate, a copy and
+    /// the rotation took five.
+    pub fn attention_gate_hadamard<T: KvElem>(
+        &self,
+        (s, q): (&AttnShape, &CudaView<'_, f32>),
+        (kc, vc): (&CudaView<'_, T>, &CudaView<'_, T>),
+        split: SplitK<'_, '_>,
+        (gr, g): (&GateRotation, &CudaView<'_, f32>),
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "attention_gate_hadamard";
+        check(s.refusal_free(gr), OP, || {
+            gr.refusal()
+                .unwrap_or_else(|| format!("{gr:?} is not the output of {s:?}"))
+        })?;
+        check(out.len() >= gr.len && g.len() >= gr.gate_len(), OP, || {
+            format!(
+                "out/g have {}/{} floats, need {}/{}",
+                out.len(),
+                g.len(),
+                gr.len,
+                gr.gate_len()
+            )
+        })?;
+        // The output rows the partial kernel's checks see: contiguous, as the rotation reads.
+        self.check_attention(OP, s, q.len(), kc, vc, gr.len)?;
+        let (n_split, mut part_o, mut part_ml) = self.attention_partials(s, q, (kc, vc), split)?;
+        let f = self.func("mixer", "attn_combine_gate_hadamard_f32")?;
+        let (ns, nh, gts, ghs) = (
+            n_split as i32,
+            s.n_head as i32,
+            gr.gate_tok_stride as i64,
+            gr.gate_head_stride as i64,
+        );
+        let (r, scale) = (gr.block as i32, rotation_scale(gr.block));
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut part_o)
+            .arg(&mut part_ml)
+            .arg(&ns)
+            .arg(&nh)
+            .arg(g)
+            .arg(&gts)
+            .arg(&ghs);
+        b.arg(out).arg(&r).arg(&scale);
+        // SAFETY: arguments as declared; reads the partials written above on the same stream;
+        // lengths checked; shared memory R floats.
+        unsafe {
+            b.launch(Self::cfg(
+                ((gr.len / gr.block) as u32, 1, 1),
+                (gr.block / 2).clamp(32, 512) as u32,
+                (gr.block * 4) as u32,
+            ))
+        }
+        .map_err(drv("attn_combine_gate_hadamard_f32"))?;
         Ok(())
     }
 }

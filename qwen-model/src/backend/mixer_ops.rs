@@ -2,8 +2,9 @@
 //! argument types and their default implementations, each the sequence of existing ops it
 //! replaces, so a backend without a fused kernel (the CPU) keeps its bits.
 
-use super::{Backend, GateLayout, RopeLayout};
+use super::{AttnLayout, Backend, GateLayout, RopeLayout};
 use crate::error::ModelError;
+use std::ops::Range;
 
 /// The q and k heads of one [`Backend::qk_norm_rope`] call over `n_tokens` tokens: per-head
 /// RMSNorm (weights `q_norm` / `k_norm`, `head_dim` floats each) then NeoX RoPE at positions
@@ -42,6 +43,29 @@ pub struct RotatedOut<'a, T> {
     pub out: &'a mut T,
     /// Rotation block (a power of two dividing `len`).
     pub block: usize,
+}
+
+/// One [`Backend::attention_gate_hadamard`] call: attention of the query tokens at
+/// `positions` (rows of `q` laid out as `layout`) against the caches, gated by `gate` (laid out
+/// as `g`, as [`Backend::sigmoid_gate`]).
+pub struct AttnGateRot<'a, B: Backend + ?Sized> {
+    /// Query rows (with their gates: `q` and `gate` are one buffer in the model).
+    pub q: &'a B::Buf,
+    /// K cache (holds positions `0..positions.end`).
+    pub k_cache: &'a B::KvBuf,
+    /// V cache.
+    pub v_cache: &'a B::KvBuf,
+    /// Layout of `q` and the heads.
+    pub layout: &'a AttnLayout,
+    /// Sequence positions of the query tokens.
+    pub positions: Range<usize>,
+    /// The output gate values.
+    pub gate: &'a B::Buf,
+    /// Where the gates sit in `gate`.
+    pub g: GateLayout,
+    /// Attention output rows `[positions.len(), Hq * head_dim]` (where the default writes the
+    /// ungated output; unspecified afterwards).
+    pub attn_out: &'a mut B::Buf,
 }
 
 /// Shape of one [`Backend::gated_rms_norm_hadamard`] call: `len` floats in rows of `n`,
@@ -120,4 +144,16 @@ pub(crate) fn gated_rms_norm_hadamard<B: Backend + ?Sized>(
     be.gated_rms_norm(x, z, w, s.len, s.n, s.eps)?;
     be.copy(x, 0, out, 0, s.len)?;
     be.hadamard(out, s.len, s.block)
+}
+
+/// The default [`Backend::attention_gate_hadamard`]: `attention` into `a.attn_out`, then
+/// [`Backend::sigmoid_gate_hadamard`] of it.
+pub(crate) fn attention_gate_hadamard<B: Backend + ?Sized>(
+    be: &B,
+    a: AttnGateRot<'_, B>,
+    o: RotatedOut<'_, B::Buf>,
+) -> Result<(), ModelError> {
+    let n = a.positions.len();
+    be.attention(a.q, a.k_cache, a.v_cache, a.attn_out, a.layout, a.positions)?;
+    be.sigmoid_gate_hadamard((a.attn_out, a.gate, &a.g), n, o)
 }

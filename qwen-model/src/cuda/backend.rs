@@ -2,11 +2,11 @@
 //! (`try_*`, each in the module of its op family), turning [`CudaError`] into [`ModelError`].
 
 use super::{caps, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
 use crate::{
     AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, Requirements,
     RopeLayout, Unsupported, WeightSource,
 };
-use crate::{GatedNormShape, NormRows, QkNormRope, RotatedOut};
 use pn_kernels::{NormShape, RowLayout};
 use std::ops::Range;
 
@@ -282,5 +282,13 @@ impl Backend for CudaBackend {
         s: NormRows,
     ) -> Result<(), ModelError> {
         self.fused_rms_norm_hadamard_dual(xw, outs, s)
+    }
+
+    fn attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        self.fused_attention_gate_hadamard(a, o)
     }
 }

@@ -4,7 +4,9 @@
 
 use super::{view, view_mut, CudaBackend, CudaBuf, CudaError};
 use crate::backend::mixer_ops;
-use crate::{GateLayout, GatedNormShape, ModelError, NormRows, QkNormRope, RotatedOut};
+use crate::{
+    AttnGateRot, GateLayout, GatedNormShape, ModelError, NormRows, QkNormRope, RotatedOut,
+};
 use pn_kernels::{GateRotation, GatedNormRotation, Gpu, NormShape, QkNormRopeShape};
 
 /// The kernel's shape of a [`QkNormRope`] call (its layouts' token strides must be whole
@@ -144,5 +146,32 @@ impl CudaBackend {
             )?)
         };
         Ok(run()?)
+    }
+
+    /// [`crate::Backend::attention_gate_hadamard`]: the split-K partials, then one kernel
+    /// merging them, gating and rotating into `o.out` (two launches for five); the tiled
+    /// prefill kernel and shapes the merge refuses take the default.
+    pub(super) fn fused_attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        let g = &a.g;
+        let gr = GateRotation {
+            len: a.positions.len() * g.n_heads * g.head_dim,
+            n_heads: g.n_heads,
+            head_dim: g.head_dim,
+            gate_tok_stride: g.token_stride,
+            gate_head_stride: g.head_stride,
+            block: o.block,
+        };
+        let call = (a.q, a.k_cache, a.v_cache);
+        let at = (a.layout, a.positions.clone());
+        let done =
+            self.try_attention_gate_hadamard(call, at, (a.gate, g.offset, gr), &mut *o.out)?;
+        match done {
+            Some(()) => Ok(()),
+            None => mixer_ops::attention_gate_hadamard(self, a, o),
+        }
     }
 }

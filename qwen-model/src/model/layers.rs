@@ -4,8 +4,8 @@
 
 use super::{Model, Workspace};
 use crate::backend::{
-    Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch, GdnTrace, QkNormRope,
-    RopeLayout, RotatedOut,
+    AttnGateRot, Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch, GdnTrace,
+    QkNormRope, RopeLayout, RotatedOut,
 };
 use crate::error::ModelError;
 use crate::state::{GdnState, LayerState};
@@ -207,6 +207,19 @@ impl<B: Backend> Model<B> {
                 (&aw.v, &mut ws.v),
             ],
         )?;
+        // Output gate: the second half of each head's q-projection slice (which RoPE does not
+        // touch), through a sigmoid.
+        let gate = GateLayout {
+            n_heads: hq,
+            head_dim: dh,
+            offset: dh,
+            token_stride: qd,
+            head_stride: 2 * dh,
+        };
+        // One sequence with a rotated o-projection: its attention writes the gated, rotated
+        // o input straight into `rotated` (one fused op after the attention's splits).
+        let fuse_out = aw.o.rotated && segs.count() == 1;
+        let mut fused = false;
         // The per-head q/k RMSNorm runs with RoPE per sequence (`attend`: one fused op).
         for i in 0..segs.count() {
             let seg = segs.seg(i);
@@ -221,7 +234,13 @@ impl<B: Backend> Model<B> {
                     v: &ws.v,
                     out: &mut ws.attn_out,
                 };
-                self.attend(aw, bufs, (kc, vc), seg.step)?;
+                let rot = fuse_out.then_some(OutRot {
+                    out: &mut ws.rotated,
+                    gate: &gate,
+                    block: blk,
+                });
+                fused |= rot.is_some();
+                self.attend(aw, bufs, (kc, vc), seg.step, rot)?;
                 continue;
             }
             let sb = ws.seg.as_mut().ok_or_else(no_seg)?;
@@ -234,18 +253,12 @@ impl<B: Backend> Model<B> {
                 v: &sb.v,
                 out: &mut sb.attn_out,
             };
-            self.attend(aw, bufs, (kc, vc), seg.step)?;
+            self.attend(aw, bufs, (kc, vc), seg.step, None)?;
             be.copy(&sb.attn_out, 0, &mut ws.attn_out, r0 * ad, n * ad)?;
         }
-        // Output gate: the second half of each head's q-projection slice (which RoPE does not
-        // touch), through a sigmoid.
-        let gate = GateLayout {
-            n_heads: hq,
-            head_dim: dh,
-            offset: dh,
-            token_stride: qd,
-            head_stride: 2 * dh,
-        };
+        if fused {
+            return be.matmul(&ws.rotated, rows, &mut [(&aw.o.w, &mut ws.mixer_out)]);
+        }
         if aw.o.rotated {
             // Gate and rotation straight into `rotated`: one fused op instead of the gate, a
             // copy and the rotation.
@@ -268,13 +281,15 @@ impl<B: Backend> Model<B> {
     }
 
     /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: the per-head
-    /// q/k norms with RoPE at its positions, the K/V cache write, attention over its cache.
+    /// q/k norms with RoPE at its positions, the K/V cache write, attention over its cache
+    /// (into `b.out`, or gated and rotated into `rot.out` when `rot` is given).
     fn attend(
         &self,
         aw: &AttnWeights<B>,
         b: AttnBufs<'_, B>,
         (kc, vc): (&mut B::KvBuf, &mut B::KvBuf),
         step: Step,
+        rot: Option<OutRot<'_, B>>,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let kv = c.kv_dim();
@@ -310,14 +325,25 @@ impl<B: Backend> Model<B> {
             theta: c.rope_theta,
         })?;
         be.kv_write_pair((b.k, b.v), (kc, vc), cache_pos0 * kv, rows * kv)?;
-        be.attention(
-            b.q_gate,
-            kc,
-            vc,
-            b.out,
-            &c.attn_layout(),
-            cache_pos0..cache_pos0 + rows,
-        )
+        let (layout, positions) = (c.attn_layout(), cache_pos0..cache_pos0 + rows);
+        let Some(r) = rot else {
+            return be.attention(b.q_gate, kc, vc, b.out, &layout, positions);
+        };
+        let a = AttnGateRot {
+            q: &*b.q_gate,
+            k_cache: &*kc,
+            v_cache: &*vc,
+            layout: &layout,
+            positions,
+            gate: &*b.q_gate,
+            g: *r.gate,
+            attn_out: b.out,
+        };
+        let o = RotatedOut {
+            out: r.out,
+            block: r.block,
+        };
+        be.attention_gate_hadamard(a, o)
     }
 
     /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows, each
@@ -482,6 +508,17 @@ struct AttnBufs<'a, B: Backend> {
     v: &'a B::Buf,
     /// Attention output rows `[rows, Hq * Dh]`.
     out: &'a mut B::Buf,
+}
+
+/// Where [`Model::attend`] writes a gated, rotated output: `out = H(attention * sigmoid(gate))`
+/// in blocks of `block`.
+struct OutRot<'a, B: Backend> {
+    /// The o-projection's rotated input `[rows, Hq * Dh]`.
+    out: &'a mut B::Buf,
+    /// Where the gates sit in the q-projection rows.
+    gate: &'a GateLayout,
+    /// Rotation block.
+    block: usize,
 }
 
 /// The buffers of one sequence's GDN ops ([`Model::gdn_core`]).
