@@ -244,24 +244,8 @@ pub fn delta_rule_l2(
     state: &mut [f32],
     out: &mut [f32],
 ) -> Result<EmuStats, EmuError> {
-    let (nv, nk, t, d) = (s.n_v_heads, s.n_k_heads, s.t_len, 128);
-    let t1 = t.max(1) - 1;
-    need(
-        "delta_rule_l2_f32",
-        t > 0
-            && nv > 0
-            && nk > 0
-            && x.q.len() >= t1 * s.qk_stride + nk * d
-            && x.k.len() >= t1 * s.qk_stride + nk * d
-            && x.v.len() >= t1 * s.v_stride + nv * d
-            && out.len() >= t1 * s.out_stride + nv * d
-            && x.beta_raw.len() >= t1 * s.ab_stride + nv
-            && x.alpha_raw.len() >= t1 * s.ab_stride + nv
-            && x.dt_bias.len() >= nv
-            && x.ssm_a.len() >= nv
-            && state.len() >= nv * d * d,
-        || format!("buffers short for {s:?}"),
-    )?;
+    crate::emu_ops::check_delta_rule("delta_rule_l2_f32", x, s, state, out)?;
+    let (nv, nk, t) = (s.n_v_heads, s.n_k_heads, s.t_len);
     emu::counted("delta_rule_l2_f32", &[], || {
         // SAFETY: every length the kernel reads or writes is checked above.
         unsafe {
