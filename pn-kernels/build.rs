@@ -164,6 +164,7 @@ fn build_host_shim(manifest: &Path) {
         "emu_attention.cpp",
         "emu_ops.cpp",
         "emu_fuse.cpp",
+        "emu_mixer.cpp",
     ] {
         println!("cargo:rerun-if-changed=host/{f}");
         emu.file(manifest.join("host").join(f));

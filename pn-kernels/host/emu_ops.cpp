@@ -83,6 +83,18 @@ int pn_emu_delta_rule(const float* q, const float* k, long long qk_stride, const
     return emu::launch3(EmuDim3{(unsigned)n_v_heads, 1, 1}, 256, 0, body) ? 0 : -1;
 }
 
+// delta_rule_l2_f32 (raw q/k, normalised in the block): one block of 256 threads per value head.
+int pn_emu_delta_rule_l2(const float* q, const float* k, long long qk_stride, const float* v, long long v_stride,
+                         const float* b, const float* al, long long ab_stride, const float* dt_bias, const float* ssm_a,
+                         float* state, float* out, long long out_stride, int n_v_heads, int n_k_heads, int T, float q_scale,
+                         float eps) {
+    std::function<void()> body = [&] {
+        kdr::delta_rule_l2_f32(q, k, qk_stride, v, v_stride, b, al, ab_stride, dt_bias, ssm_a, state, out, out_stride,
+                               n_k_heads, T, q_scale, eps);
+    };
+    return emu::launch3(EmuDim3{(unsigned)n_v_heads, 1, 1}, 256, 0, body) ? 0 : -1;
+}
+
 // *_get_rows (type 0 f32, 1 f16, 2 q8_0, 4 q3_K): one block of 256 threads per id.
 int pn_emu_get_rows(int type, const void* w, const int* ids, int n_ids, float* out, int K, int n_rows) {
     using namespace kgr;

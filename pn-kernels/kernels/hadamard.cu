@@ -4,6 +4,9 @@
 // contiguous chunks, so T rows of K values are T*K/R chunks.
 #include "hadamard.cuh"
 
+// pn_fwht_smem (the in-place FWHT of shared memory) lives in hadamard.cuh: the fused producers
+// of fuse.cu and mixer.cu use it too.
+
 extern "C" {
 // Fused producer of a rotated activation: y = H(rms(x) * w) for one row per block
 // (blockIdx.x = row); dynamic shared memory n floats (n <= 12256: with the 128-byte static

@@ -13,7 +13,7 @@ PN_HD int pn_fwht_first(int k, int R, int h) {
 }
 
 #if defined(__CUDACC__)
-// (Device code: shared by hadamard.cu and fuse.cu.)
+// (Device code: shared by hadamard.cu, fuse.cu and mixer.cu.)
 // In-place FWHT of every R-chunk of buf[0..n) (n a multiple of R, R >= 64), all threads of the
 // block. The 32 butterflies of a warp cover 64 consecutive words; for spans h < 32 their first
 // elements fall in 16 banks twice over (a 2-way conflict), so lanes 16..31 access their partner

@@ -281,17 +281,18 @@ pub fn conv1d(
     })
 }
 
-/// `delta_rule_f32` (the token-by-token kernel): arguments as [`crate::Gpu::delta_rule`].
-pub fn delta_rule(
+/// Fails unless the buffers of a token-by-token delta-rule launch `kernel` hold shape `s`.
+pub(crate) fn check_delta_rule(
+    kernel: &str,
     x: &DeltaRuleInputs<&[f32]>,
     s: &DeltaRuleShape,
-    state: &mut [f32],
-    out: &mut [f32],
-) -> Result<EmuStats, EmuError> {
+    state: &[f32],
+    out: &[f32],
+) -> Result<(), EmuError> {
     let (nv, nk, t, d) = (s.n_v_heads, s.n_k_heads, s.t_len, 128);
     let t1 = t.max(1) - 1;
     need(
-        "delta_rule_f32",
+        kernel,
         t > 0
             && nv > 0
             && nk > 0
@@ -305,7 +306,18 @@ pub fn delta_rule(
             && x.ssm_a.len() >= nv
             && state.len() >= nv * d * d,
         || format!("buffers short for {s:?}"),
-    )?;
+    )
+}
+
+/// `delta_rule_f32` (the token-by-token kernel): arguments as [`crate::Gpu::delta_rule`].
+pub fn delta_rule(
+    x: &DeltaRuleInputs<&[f32]>,
+    s: &DeltaRuleShape,
+    state: &mut [f32],
+    out: &mut [f32],
+) -> Result<EmuStats, EmuError> {
+    check_delta_rule("delta_rule_f32", x, s, state, out)?;
+    let (nv, nk, t) = (s.n_v_heads, s.n_k_heads, s.t_len);
     emu::counted("delta_rule_f32", &[], || {
         // SAFETY: every length the kernel reads or writes is checked above.
         unsafe {

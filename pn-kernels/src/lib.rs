@@ -26,6 +26,8 @@ mod embedded;
 #[doc(hidden)]
 pub mod emu;
 #[doc(hidden)]
+pub mod emu_mixer;
+#[doc(hidden)]
 pub mod emu_ops;
 mod error;
 #[cfg(feature = "cuda")]
@@ -33,6 +35,7 @@ mod gpu;
 #[doc(hidden)]
 pub mod host_shim;
 pub mod launch;
+mod mixer_types;
 mod types;
 
 pub use embedded::{build_info, kernels_available, module, modules, ptxas_report, EmbeddedModule};
@@ -42,6 +45,9 @@ pub use gpu::{
     cudarc, driver_present, AttnShape, DeltaRuleViews, FusedRows, Gpu, GroupMat, KvElem, KvLayout,
     KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout,
     RowStrides, SplitK, MAX_GRID_Y,
+};
+pub use mixer_types::{
+    rotation_scale, GateRotation, GatedNormRotation, QkL2, QkNormRopeShape, QK_NORM_ROPE_MAX_HEAD,
 };
 pub use types::{DeltaRuleInputs, DeltaRuleShape, PnPrecision, WeightType};
 

@@ -10,6 +10,9 @@ use crate::error::ModelError;
 use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
+pub(crate) mod mixer_ops;
+pub use mixer_ops::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+
 /// Layout of the q/k heads a RoPE call rotates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RopeLayout {
@@ -518,8 +521,8 @@ pub trait Backend: Send + Sync {
         n_tokens: usize,
     ) -> Result<(), ModelError>;
 
-    /// The Gated DeltaNet core for `args.n_tokens` tokens: L2-normalises q/k of `args.y` in
-    /// place (and scales q), turns `b`/`alpha` into beta and log-decay in place, runs the gated
+    /// The Gated DeltaNet core for `args.n_tokens` tokens: L2-normalises q/k of `args.y` (and
+    /// scales q; in place or inside the kernel: `y` is unspecified afterwards), turns `b`/`alpha` into beta and log-decay in place, runs the gated
     /// delta rule over the recurrent state and writes `out` (`[n_tokens, Hv * dv]`). Backends
     /// may use the chunked form for long inputs; it must match the recurrent one.
     fn gated_delta_rule(&self, args: GdnArgs<'_, Self::Buf>) -> Result<(), ModelError>;
@@ -612,6 +615,79 @@ pub trait Backend: Send + Sync {
         outs: &mut [(&Self::Weight, &mut Self::Buf)],
     ) -> Result<(), ModelError> {
         crate::fused::swiglu_hadamard_matmul_default(self, s, out, outs)
+    }
+
+    /// Per-head RMSNorm then NeoX RoPE of the q and k heads of `a`, in place (the attention's
+    /// q/k preparation, [`QkNormRope`]). The default is `rms_norm_strided` and `rope` of each;
+    /// a backend overrides it with one kernel (four launches less three).
+    fn qk_norm_rope(&self, a: QkNormRope<'_, Self::Buf>) -> Result<(), ModelError> {
+        mixer_ops::qk_norm_rope(self, a)
+    }
+
+    /// [`Backend::kv_write`] of `len` floats of `k` into `k_cache` and of `v` into `v_cache`,
+    /// both at element `dst_off`; the default is the two writes, a backend overrides it with
+    /// one launch.
+    fn kv_write_pair(
+        &self,
+        (k, v): (&Self::Buf, &Self::Buf),
+        (k_cache, v_cache): (&mut Self::KvBuf, &mut Self::KvBuf),
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        self.kv_write(k, k_cache, dst_off, len)?;
+        self.kv_write(v, v_cache, dst_off, len)
+    }
+
+    /// `o.out = H(x * sigmoid(gate))` over the `n_tokens` rows of `x` (gate layout `g`, as
+    /// [`Backend::sigmoid_gate`]), rotated in blocks of `o.block`: the rotated input of a PN
+    /// o-projection. `x` is unspecified afterwards. The default is `sigmoid_gate` in place, a
+    /// copy and `hadamard` (their bits); a backend overrides it with one kernel.
+    fn sigmoid_gate_hadamard(
+        &self,
+        (x, gate, g): (&mut Self::Buf, &Self::Buf, &GateLayout),
+        n_tokens: usize,
+        o: RotatedOut<'_, Self::Buf>,
+    ) -> Result<(), ModelError> {
+        mixer_ops::sigmoid_gate_hadamard(self, (x, gate, g), n_tokens, o)
+    }
+
+    /// [`Backend::attention`] then [`Backend::sigmoid_gate_hadamard`] of its output into
+    /// `o.out` (the rotated input of a PN o-projection). The default is the two ops (their
+    /// bits); a backend overrides it by merging the attention's splits, the gate and the
+    /// rotation in one kernel.
+    fn attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, Self::Buf>,
+    ) -> Result<(), ModelError> {
+        mixer_ops::attention_gate_hadamard(self, a, o)
+    }
+
+    /// `out = H(rms(x) * w * silu(z))` per row of `s.n` over `s.len` floats, rotated in blocks
+    /// of `s.block`: the rotated input of a PN ssm_out. `x` is unspecified afterwards. The
+    /// default is `gated_rms_norm` in place, a copy and `hadamard` (their bits); a backend
+    /// overrides it with one kernel.
+    fn gated_rms_norm_hadamard(
+        &self,
+        (x, z, w): (&mut Self::Buf, &Self::Buf, &Self::Buf),
+        out: &mut Self::Buf,
+        s: GatedNormShape,
+    ) -> Result<(), ModelError> {
+        mixer_ops::gated_rms_norm_hadamard(self, (x, z, w), out, s)
+    }
+
+    /// [`Backend::rms_norm_hadamard`] of `x` into `rot` and [`Backend::rms_norm`] of `x` into
+    /// `plain` (a block's input for rotated and unrotated matrices, as the GDN's PN qkv/gate
+    /// and unquantized alpha/beta). The default is the two ops (their bits); a backend
+    /// overrides it with one kernel.
+    fn rms_norm_hadamard_dual(
+        &self,
+        (x, w): (&Self::Buf, &Self::Buf),
+        (rot, plain): (&mut Self::Buf, &mut Self::Buf),
+        s: NormRows,
+    ) -> Result<(), ModelError> {
+        self.rms_norm_hadamard(x, w, rot, s.rows, s.n, s.eps, s.block)?;
+        self.rms_norm(x, w, plain, s.rows, s.n, s.eps)
     }
 }
 

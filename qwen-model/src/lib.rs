@@ -43,8 +43,9 @@ pub mod topk;
 pub mod weights;
 
 pub use backend::{
-    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, GdnDims, GdnRowScratch, GdnTrace,
-    KvCacheType, Requirements, RopeLayout, Unsupported, WeightSource,
+    AttnGateRot, AttnLayout, Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnDims,
+    GdnRowScratch, GdnTrace, KvCacheType, NormRows, QkNormRope, Requirements, RopeLayout,
+    RotatedOut, Unsupported, WeightSource,
 };
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;

@@ -82,6 +82,18 @@ impl AttnArgs {
     }
 }
 
+impl AttnShape {
+    /// Whether `gr` is a rotation the fused merge takes of this call's output: heads of 256,
+    /// one per query head, all `t_len` tokens, contiguous (`o_tok_stride` = `n_head * 256`).
+    pub(super) fn refusal_free(&self, gr: &crate::GateRotation) -> bool {
+        gr.refusal().is_none()
+            && gr.head_dim == 256
+            && gr.n_heads == self.n_head
+            && gr.len == self.t_len * self.n_head * 256
+            && self.o_tok_stride == self.n_head * 256
+    }
+}
+
 impl Gpu {
     /// Checks an attention call: head grouping, context within the caches, q and o lengths.
     pub(super) fn check_attention<T: KvElem>(
@@ -121,22 +133,19 @@ impl Gpu {
         t_len * n_head * n_split * (256 + 2)
     }
 
-    /// Causal GQA attention of shape `s` over f16, f32, q8_0 or q4_0 caches `kc`/`vc` (decode:
-    /// `t_len = 1`). Splits the context in chunks of `split.chunk` positions (split-K), merged
-    /// by a second kernel.
-    pub fn attention<T: KvElem>(
+    /// The split-K partial kernel of [`Gpu::attention`] (shape `s` checked by the caller):
+    /// returns the split count and the scratch's partial outputs `[T][n_head][n_split][256]`
+    /// and (max, sum) pairs, for a merge kernel to read.
+    pub(super) fn attention_partials<'s, T: KvElem>(
         &self,
         s: &AttnShape,
         q: &CudaView<'_, f32>,
-        kc: &CudaView<'_, T>,
-        vc: &CudaView<'_, T>,
-        o: &mut CudaViewMut<'_, f32>,
-        split: SplitK<'_, '_>,
-    ) -> Result<(), KernelError> {
+        (kc, vc): (&CudaView<'_, T>, &CudaView<'_, T>),
+        split: SplitK<'s, '_>,
+    ) -> Result<(usize, CudaViewMut<'s, f32>, CudaViewMut<'s, f32>), KernelError> {
         const OP: &str = "attention";
         let SplitK { chunk, scratch } = split;
         check(chunk > 0, OP, || "chunk 0".into())?;
-        self.check_attention(OP, s, q.len(), kc, vc, o.len())?;
         let (n_head, t_len) = (s.n_head, s.t_len);
         let n_split = (s.p0 + t_len).div_ceil(chunk);
         Self::check_grid_y(OP, "context splits", n_split)?;
@@ -167,8 +176,28 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         // SAFETY: arguments as declared in attention.cu; lengths checked; splits beyond a
-        // query's causal end write (max = -inf, sum = 0) and are skipped by the combine.
+        // query's causal end write (max = -inf, sum = 0) and are skipped by the merge.
         unsafe { b.launch(cfg) }.map_err(drv(T::PARTIAL_KERNEL))?;
+        Ok((n_split, part_o, part_ml))
+    }
+
+    /// Causal GQA attention of shape `s` over f16, f32, q8_0 or q4_0 caches `kc`/`vc` (decode:
+    /// `t_len = 1`). Splits the context in chunks of `split.chunk` positions (split-K), merged
+    /// by a second kernel.
+    pub fn attention<T: KvElem>(
+        &self,
+        s: &AttnShape,
+        q: &CudaView<'_, f32>,
+        kc: &CudaView<'_, T>,
+        vc: &CudaView<'_, T>,
+        o: &mut CudaViewMut<'_, f32>,
+        split: SplitK<'_, '_>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "attention";
+        self.check_attention(OP, s, q.len(), kc, vc, o.len())?;
+        let (n_head, t_len) = (s.n_head, s.t_len);
+        let (n_split, mut part_o, mut part_ml) = self.attention_partials(s, q, (kc, vc), split)?;
+        let nt = t_len as i32;
         let fc = self.func("attention", "attn_combine")?;
         let (ns, ots) = (n_split as i32, s.o_tok_stride as i64);
         let mut b = self.stream.launch_builder(fc);

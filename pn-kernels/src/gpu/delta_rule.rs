@@ -3,6 +3,7 @@
 
 use super::{drv, Gpu};
 use crate::error::{check, KernelError};
+use crate::mixer_types::QkL2;
 use crate::types::{DeltaRuleInputs, DeltaRuleShape};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
@@ -24,7 +25,20 @@ impl Gpu {
         state: &mut CudaViewMut<'_, f32>,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        self.delta_rule_launch(false, x, s, state, out)
+        self.delta_rule_launch((false, None), x, s, state, out)
+    }
+
+    /// [`Gpu::delta_rule`] on raw q and k heads (read, not written), each L2-normalised inside
+    /// the kernel as `l2` says: decode without the two norm launches before it.
+    pub fn delta_rule_l2(
+        &self,
+        x: &DeltaRuleViews<'_, '_>,
+        s: &DeltaRuleShape,
+        l2: QkL2,
+        state: &mut CudaViewMut<'_, f32>,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        self.delta_rule_launch((false, Some(l2)), x, s, state, out)
     }
 
     /// [`Gpu::delta_rule`] in the chunked form (chunks of [`crate::DELTA_RULE_CHUNK`] tokens,
@@ -37,12 +51,14 @@ impl Gpu {
         state: &mut CudaViewMut<'_, f32>,
         out: &mut CudaViewMut<'_, f32>,
     ) -> Result<(), KernelError> {
-        self.delta_rule_launch(true, x, s, state, out)
+        self.delta_rule_launch((true, None), x, s, state, out)
     }
 
+    /// The launch of one of the kernels: chunked, or token by token (normalising q and k
+    /// when `l2` is given).
     fn delta_rule_launch(
         &self,
-        chunked: bool,
+        (chunked, l2): (bool, Option<QkL2>),
         x: &DeltaRuleViews<'_, '_>,
         s: &DeltaRuleShape,
         state: &mut CudaViewMut<'_, f32>,
@@ -99,6 +115,8 @@ impl Gpu {
                 "delta_rule_chunked_f32",
                 (n_v_heads as u32, slices, 1),
             )
+        } else if l2.is_some() {
+            ("delta_rule", "delta_rule_l2_f32", (n_v_heads as u32, 1, 1))
         } else {
             ("delta_rule", "delta_rule_f32", (n_v_heads as u32, 1, 1))
         };
@@ -126,6 +144,9 @@ impl Gpu {
             .arg(&os)
             .arg(&nk)
             .arg(&t_i);
+        if let Some(QkL2 { q_scale, eps }) = &l2 {
+            b.arg(q_scale).arg(eps);
+        }
         // SAFETY: arguments as declared; lengths checked.
         unsafe { b.launch(Self::cfg(grid, 256, 0)) }.map_err(drv(kernel))?;
         Ok(())

@@ -22,6 +22,7 @@ mod get_rows;
 mod hadamard;
 mod kv;
 mod matmul;
+mod mixer;
 mod norm;
 mod pn_gemv;
 mod pn_group;

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::AttnLayout;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use pn_kernels::{AttnShape, Gpu, KvElem, KvLayout, SplitK};
+use pn_kernels::{AttnShape, GateRotation, Gpu, KvElem, KvLayout, SplitK};
 use std::ops::Range;
 
 /// Positions per attention split for decode (split-K over long contexts).
@@ -23,6 +23,18 @@ enum Kernel<'s, 'b> {
         scratch: &'s mut CudaViewMut<'b, f32>,
     },
     Tiled,
+}
+
+/// Where one attention call's output goes: as is, or gated and rotated by the fused merge.
+enum Merge<'o, 'b> {
+    /// Output rows `[n_tokens, Hq * 256]`.
+    Plain(&'o mut CudaViewMut<'b, f32>),
+    /// `out = H(o * sigmoid(g))` laid out as `gr`.
+    GateRot {
+        gr: GateRotation,
+        g: &'o CudaView<'b, f32>,
+        out: &'o mut CudaViewMut<'b, f32>,
+    },
 }
 
 /// The type-independent arguments of one attention call.
@@ -64,6 +76,47 @@ impl CudaBackend {
         l: &AttnLayout,
         positions: Range<usize>,
     ) -> Result<(), CudaError> {
+        let o_len = positions.len() * l.n_q_heads * HEAD_DIM;
+        let mut ov = view_mut("attention", out, 0, o_len)?;
+        self.attention_into(q, (k_cache, v_cache), l, positions, Merge::Plain(&mut ov))
+    }
+
+    /// [`CudaBackend::try_attention`] with the merge of the splits also gating and rotating
+    /// the output into `out` (`out = H(attention * sigmoid(gate))`, laid out as `gr`); `None`
+    /// (nothing launched) where the call takes the tiled kernel or `gr` does not fit.
+    pub(super) fn try_attention_gate_hadamard(
+        &self,
+        (q, k_cache, v_cache): (&CudaBuf, &CudaKv, &CudaKv),
+        (l, positions): (&AttnLayout, Range<usize>),
+        (gate, gate_offset, gr): (&CudaBuf, usize, GateRotation),
+        out: &mut CudaBuf,
+    ) -> Result<Option<()>, CudaError> {
+        const OP: &str = "attention_gate_hadamard";
+        let n_tokens = positions.len();
+        let contiguous = gr.len == n_tokens * l.n_q_heads * HEAD_DIM && gr.n_heads == l.n_q_heads;
+        if n_tokens == 0 || attn_tiled(n_tokens) || gr.refusal().is_some() || !contiguous {
+            return Ok(None);
+        }
+        let gv = view(OP, gate, gate_offset, gr.gate_len())?;
+        let mut ov = view_mut(OP, out, 0, gr.len)?;
+        let merge = Merge::GateRot {
+            gr,
+            g: &gv,
+            out: &mut ov,
+        };
+        self.attention_into(q, (k_cache, v_cache), l, positions, merge)?;
+        Ok(Some(()))
+    }
+
+    /// The attention call with its output merged as `merge` says.
+    fn attention_into(
+        &self,
+        q: &CudaBuf,
+        (k_cache, v_cache): (&CudaKv, &CudaKv),
+        l: &AttnLayout,
+        positions: Range<usize>,
+        merge: Merge<'_, '_>,
+    ) -> Result<(), CudaError> {
         const OP: &str = "attention";
         // Backend::supports refuses any other head dim at model bind.
         if l.head_dim != HEAD_DIM || l.n_kv_heads == 0 {
@@ -81,8 +134,6 @@ impl CudaBackend {
         let q_len =
             (n_tokens - 1) * l.q_token_stride + (l.n_q_heads - 1) * l.q_head_stride + HEAD_DIM;
         let qv = view(OP, q, 0, q_len)?;
-        let o_stride = l.n_q_heads * HEAD_DIM;
-        let mut ov = view_mut(OP, out, 0, n_tokens * o_stride)?;
         let n_ctx = positions.end;
         let a = AttnCall {
             q: &qv,
@@ -113,7 +164,7 @@ impl CudaBackend {
         with_kv_pair!(
             k_cache,
             v_cache,
-            |kc, vc| self.attend(&a, kc, vc, &mut ov, kernel),
+            |kc, vc| self.attend(&a, (kc, vc), merge, kernel),
             |k, v| Err(CudaError::Unsupported {
                 op: OP,
                 what: format!(
@@ -129,19 +180,33 @@ impl CudaBackend {
     fn attend<T: KvElem>(
         &self,
         a: &AttnCall<'_, '_>,
-        kc: &CudaSlice<T>,
-        vc: &CudaSlice<T>,
-        ov: &mut CudaViewMut<'_, f32>,
+        (kc, vc): (&CudaSlice<T>, &CudaSlice<T>),
+        merge: Merge<'_, '_>,
         kernel: Kernel<'_, '_>,
     ) -> Result<(), CudaError> {
         let kl = KvLayout::token_major::<T>(a.l.n_kv_heads, a.cap);
         let sh = a.shape(kl);
         let (kc, vc) = (kc.slice(..), vc.slice(..));
-        match kernel {
-            Kernel::Tiled => self.gpu.attention_prefill(&sh, a.q, &kc, &vc, ov)?,
-            Kernel::SplitK { chunk, scratch } => {
+        match (kernel, merge) {
+            (Kernel::Tiled, Merge::Plain(ov)) => {
+                self.gpu.attention_prefill(&sh, a.q, &kc, &vc, ov)?
+            }
+            (Kernel::SplitK { chunk, scratch }, Merge::Plain(ov)) => {
                 let split = SplitK { chunk, scratch };
                 self.gpu.attention(&sh, a.q, &kc, &vc, ov, split)?
+            }
+            (Kernel::SplitK { chunk, scratch }, Merge::GateRot { gr, g, out }) => {
+                let split = SplitK { chunk, scratch };
+                let (q, caches) = ((&sh, a.q), (&kc, &vc));
+                self.gpu
+                    .attention_gate_hadamard(q, caches, split, (&gr, g), out)?
+            }
+            (Kernel::Tiled, Merge::GateRot { .. }) => {
+                // try_attention_gate_hadamard never asks for this.
+                return Err(shape_error(
+                    "attention_gate_hadamard",
+                    "the tiled prefill kernel has no fused merge".into(),
+                ));
             }
         }
         Ok(())

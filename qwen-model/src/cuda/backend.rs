@@ -2,6 +2,7 @@
 //! (`try_*`, each in the module of its op family), turning [`CudaError`] into [`ModelError`].
 
 use super::{caps, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
 use crate::{
     AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormIn, NormRot,
     Requirements, RopeLayout, SwigluRot, Unsupported, WeightSource,
@@ -259,5 +260,54 @@ impl Backend for CudaBackend {
         outs: &mut [(&CudaWeight, &mut CudaBuf)],
     ) -> Result<(), ModelError> {
         self.fused_swiglu_matmul(s, out, outs)
+    }
+
+    fn qk_norm_rope(&self, a: QkNormRope<'_, CudaBuf>) -> Result<(), ModelError> {
+        self.fused_qk_norm_rope(a)
+    }
+
+    fn kv_write_pair(
+        &self,
+        kv: (&CudaBuf, &CudaBuf),
+        caches: (&mut CudaKv, &mut CudaKv),
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        Ok(self.try_kv_write_pair(kv, caches, dst_off, len)?)
+    }
+
+    fn sigmoid_gate_hadamard(
+        &self,
+        xg: (&mut CudaBuf, &CudaBuf, &GateLayout),
+        n_tokens: usize,
+        o: RotatedOut<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        self.fused_sigmoid_gate_hadamard(xg, n_tokens, o)
+    }
+
+    fn gated_rms_norm_hadamard(
+        &self,
+        xzw: (&mut CudaBuf, &CudaBuf, &CudaBuf),
+        out: &mut CudaBuf,
+        s: GatedNormShape,
+    ) -> Result<(), ModelError> {
+        self.fused_gated_rms_norm_hadamard(xzw, out, s)
+    }
+
+    fn rms_norm_hadamard_dual(
+        &self,
+        xw: (&CudaBuf, &CudaBuf),
+        outs: (&mut CudaBuf, &mut CudaBuf),
+        s: NormRows,
+    ) -> Result<(), ModelError> {
+        self.fused_rms_norm_hadamard_dual(xw, outs, s)
+    }
+
+    fn attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        self.fused_attention_gate_hadamard(a, o)
     }
 }

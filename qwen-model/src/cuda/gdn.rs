@@ -4,7 +4,7 @@
 use super::{gdn_chunked, view, view_mut, CudaBackend, CudaBuf, CudaError, CONV_KERNEL};
 use super::{shape_error, GDN_HEAD_DIM};
 use crate::{ConvShape, GdnArgs};
-use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, Gpu, NormShape, RowLayout, RowStrides};
+use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, NormShape, QkL2, RowLayout, RowStrides};
 
 impl CudaBackend {
     /// Causal conv1d (kernel [`CONV_KERNEL`]) + SiLU of `n_tokens` rows of `channels`, with
@@ -38,7 +38,8 @@ impl CudaBackend {
             .conv1d_silu(&uv, &mut sv, &wv, &mut yv, rows, channels)?)
     }
 
-    /// The gated delta rule of one call: L2 norms of q and k in place, then the recurrence.
+    /// The gated delta rule of one call: the recurrence token by token with the L2 norms of q
+    /// and k inside the kernel, or (prefill lengths) the norms in place then the chunked form.
     pub(super) fn try_gdn(&self, c: GdnArgs<'_, CudaBuf>) -> Result<(), CudaError> {
         const OP: &str = "gated_delta_rule";
         let (d, n_tokens) = (c.dims, c.n_tokens);
@@ -53,7 +54,14 @@ impl CudaBackend {
             return Ok(());
         }
         let (cd, kd, hv) = (d.conv_dim(), d.n_k_heads * d.dk, d.n_v_heads);
-        {
+        let chunked = gdn_chunked(n_tokens);
+        // The token-by-token kernel normalises the raw q and k heads itself (no norm
+        // launches: decode's path); the chunked one reads them normalised in place.
+        let l2 = QkL2 {
+            q_scale: 1.0 / (d.dk as f32).sqrt(),
+            eps: 1e-6,
+        };
+        if chunked {
             let mut yv = view_mut(OP, c.y, 0, n_tokens * cd)?;
             let ql = RowLayout {
                 tokens: n_tokens,
@@ -61,9 +69,11 @@ impl CudaBackend {
                 tok_stride: cd,
                 head_stride: d.dk,
             };
-            let q_scale = 1.0 / (d.dk as f32).sqrt();
-            let norm = NormShape { n: d.dk, eps: 1e-6 };
-            self.gpu.l2_norm_inplace(&mut yv, ql, norm, q_scale)?;
+            let norm = NormShape {
+                n: d.dk,
+                eps: l2.eps,
+            };
+            self.gpu.l2_norm_inplace(&mut yv, ql, norm, l2.q_scale)?;
             let mut kv = view_mut(OP, c.y, kd, (n_tokens - 1) * cd + kd)?;
             self.gpu.l2_norm_inplace(&mut kv, ql, norm, 1.0)?;
         }
@@ -78,11 +88,6 @@ impl CudaBackend {
         let sav = view(OP, c.a, 0, hv)?;
         let mut sv = view_mut(OP, c.state, 0, d.state_len())?;
         let mut ov = view_mut(OP, c.out, 0, n_tokens * d.value_dim())?;
-        let delta_rule = if gdn_chunked(n_tokens) {
-            Gpu::delta_rule_chunked
-        } else {
-            Gpu::delta_rule
-        };
         let x = DeltaRuleInputs {
             q: &qv,
             k: &kv,
@@ -102,7 +107,11 @@ impl CudaBackend {
             n_k_heads: d.n_k_heads,
             t_len: n_tokens,
         };
-        delta_rule(&self.gpu, &x, &sh, &mut sv, &mut ov)?;
+        if chunked {
+            self.gpu.delta_rule_chunked(&x, &sh, &mut sv, &mut ov)?;
+        } else {
+            self.gpu.delta_rule_l2(&x, &sh, l2, &mut sv, &mut ov)?;
+        }
         Ok(())
     }
 }

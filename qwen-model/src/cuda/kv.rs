@@ -147,6 +147,65 @@ impl CudaBackend {
         with_kv!(dst, |d, _| self.kv_store_rows(&s, d, cap, dst_off, len))
     }
 
+    /// [`crate::Backend::kv_write_pair`]: K into `kc` and V into `vc` at value `dst_off` by one
+    /// store kernel (also for f32 caches); caches of two types, or writes not of whole rows of
+    /// 256, take the two [`CudaBackend::try_kv_write`]s.
+    pub(super) fn try_kv_write_pair(
+        &self,
+        (k, v): (&CudaBuf, &CudaBuf),
+        (kc, vc): (&mut CudaKv, &mut CudaKv),
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "kv_write";
+        if len == 0 {
+            return Ok(());
+        }
+        let rows_ok = dst_off.is_multiple_of(HEAD_DIM) && len.is_multiple_of(HEAD_DIM);
+        let fits = |c: &CudaKv| dst_off.checked_add(len).is_some_and(|e| e <= c.len());
+        if !rows_ok || !fits(kc) || !fits(vc) || kc.kv_type() != vc.kv_type() {
+            self.try_kv_write(k, kc, dst_off, len)?;
+            return self.try_kv_write(v, vc, dst_off, len);
+        }
+        let (ks, vs) = (view(OP, k, 0, len)?, view(OP, v, 0, len)?);
+        with_kv_pair!(
+            kc,
+            vc,
+            |kd, vd| self.kv_store_pair_rows(&ks, &vs, (kd, vd), dst_off, len),
+            |_k, _v| unreachable!("the types were compared above")
+        )
+    }
+
+    /// [`CudaBackend::kv_store_rows`] of K and V into their caches by one launch (the whole
+    /// rows `dst_off / 256 ..` of both; checked by the caller to fit).
+    fn kv_store_pair_rows<T: KvStore>(
+        &self,
+        k: &CudaView<'_, f32>,
+        v: &CudaView<'_, f32>,
+        (kc, vc): (&mut CudaSlice<T>, &mut CudaSlice<T>),
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "kv_write";
+        let rows = len / HEAD_DIM;
+        let (e0, n) = (dst_off / HEAD_DIM * T::ROW_ELEMS, rows * T::ROW_ELEMS);
+        let (kn, vn) = (kc.len(), vc.len());
+        let mut kd = kc
+            .try_slice_mut(e0..e0 + n)
+            .ok_or_else(|| range_err(OP, e0, n, kn))?;
+        let mut vd = vc
+            .try_slice_mut(e0..e0 + n)
+            .ok_or_else(|| range_err(OP, e0, n, vn))?;
+        let layout = KvLayout::token_major::<T>(1, rows);
+        let store = KvStoreRows {
+            tok_stride: HEAD_DIM,
+            p0: 0,
+            t_len: rows,
+        };
+        self.gpu.kv_store(k, v, &mut kd, &mut vd, layout, store)?;
+        Ok(())
+    }
+
     /// Converts `len` values of `src` into `dst` (a cache of `cap` values) at value `dst_off`
     /// with the store kernel of `T`. The kernel writes rows of 256 values (one head at one
     /// position); a contiguous range of whole rows is `len / 256` one-head "positions", stored

@@ -9,7 +9,11 @@
 //! are one launch each except where noted at the op; an op the CUDA backend overrides must be
 //! overridden here too (a trait default here counts its composed ops).
 
-use super::attn_tiled;
+use super::mixer::qk_shape;
+use super::{attn_tiled, gdn_chunked, HEAD_DIM};
+use crate::backend::mixer_ops;
+use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+use pn_kernels::{GateRotation, GatedNormRotation, Gpu};
 use super::fused::{norm_fuses, swiglu_fuses};
 use super::weight::{device_type, matmul_launches, MatDesc};
 use crate::fused::{norm_hadamard_matmul_default, swiglu_hadamard_matmul_default};
@@ -285,9 +289,13 @@ impl Backend for LaunchCounter {
         Ok(())
     }
 
-    fn gated_delta_rule(&self, _: GdnArgs<'_, CountBuf>) -> Result<(), ModelError> {
-        // The l2 norms of q and k, then the token-by-token or chunked delta rule.
-        self.add("gated_delta_rule", 3);
+    fn gated_delta_rule(&self, a: GdnArgs<'_, CountBuf>) -> Result<(), ModelError> {
+        // Decode: the token-by-token kernel normalises q and k itself (one launch); prefill:
+        // the l2 norms of q and k in place, then the chunked delta rule.
+        if a.n_tokens > 0 {
+            let n = if gdn_chunked(a.n_tokens) { 3 } else { 1 };
+            self.add("gated_delta_rule", n);
+        }
         Ok(())
     }
 
@@ -361,5 +369,116 @@ impl Backend for LaunchCounter {
         self.add("swiglu_hadamard_prep", 1);
         self.add("matmul", matmul_launches(s.rows, &d, true));
         Ok(())
+    }
+
+    // The mixer's fused ops (`super::mixer`, `super::kv`, `super::attention`): one launch
+    // where the CUDA backend's shape checks take the fused kernel, else the composed default.
+    fn qk_norm_rope(&self, a: QkNormRope<'_, CountBuf>) -> Result<(), ModelError> {
+        if a.n_tokens == 0 {
+            return Ok(());
+        }
+        if qk_shape(&a).is_some_and(|s| s.refusal().is_none()) {
+            self.add("qk_norm_rope", 1);
+            return Ok(());
+        }
+        mixer_ops::qk_norm_rope(self, a)
+    }
+
+    fn kv_write_pair(
+        &self,
+        _: (&CountBuf, &CountBuf),
+        (kc, vc): (&mut CountBuf, &mut CountBuf),
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        // `try_kv_write_pair`: one launch for whole rows that fit both caches, else two.
+        let head = HEAD_DIM;
+        let fits = |c: &CountBuf| dst_off.checked_add(len).is_some_and(|e| e <= c.len());
+        let one = dst_off.is_multiple_of(head) && len.is_multiple_of(head) && fits(kc) && fits(vc);
+        if len > 0 {
+            self.add("kv_write", if one { 1 } else { 2 });
+        }
+        Ok(())
+    }
+
+    fn sigmoid_gate_hadamard(
+        &self,
+        (x, gate, g): (&mut CountBuf, &CountBuf, &GateLayout),
+        n_tokens: usize,
+        o: RotatedOut<'_, CountBuf>,
+    ) -> Result<(), ModelError> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        if gate_rotation(g, n_tokens, o.block).refusal().is_none() {
+            self.add("sigmoid_gate_hadamard", 1);
+            return Ok(());
+        }
+        mixer_ops::sigmoid_gate_hadamard(self, (x, gate, g), n_tokens, o)
+    }
+
+    fn attention_gate_hadamard(
+        &self,
+        a: AttnGateRot<'_, Self>,
+        o: RotatedOut<'_, CountBuf>,
+    ) -> Result<(), ModelError> {
+        // `try_attention_gate_hadamard`: the split-K partials, then the combine fused with the
+        // gate and the rotation, for decode lengths whose gate rows are the attention's.
+        let n = a.positions.len();
+        let gr = gate_rotation(&a.g, n, o.block);
+        let contiguous = a.g.n_heads == a.layout.n_q_heads && a.g.head_dim == HEAD_DIM;
+        if n > 0 && !attn_tiled(n) && gr.refusal().is_none() && contiguous {
+            self.add("attention", 2);
+            return Ok(());
+        }
+        mixer_ops::attention_gate_hadamard(self, a, o)
+    }
+
+    fn gated_rms_norm_hadamard(
+        &self,
+        xzw: (&mut CountBuf, &CountBuf, &CountBuf),
+        out: &mut CountBuf,
+        sh: GatedNormShape,
+    ) -> Result<(), ModelError> {
+        if sh.len == 0 {
+            return Ok(());
+        }
+        let s = GatedNormRotation {
+            len: sh.len,
+            n: sh.n,
+            eps: sh.eps,
+            block: sh.block,
+        };
+        if s.refusal().is_none() && Gpu::rotation_fits(sh.len, sh.block) {
+            self.add("gated_rms_norm_hadamard", 1);
+            return Ok(());
+        }
+        mixer_ops::gated_rms_norm_hadamard(self, xzw, out, sh)
+    }
+
+    fn rms_norm_hadamard_dual(
+        &self,
+        _: (&CountBuf, &CountBuf),
+        _: (&mut CountBuf, &mut CountBuf),
+        s: NormRows,
+    ) -> Result<(), ModelError> {
+        if s.rows > 0 {
+            let fused = Gpu::rotation_fits(s.n, s.block) && s.n <= Gpu::RMS_NORM_HADAMARD_MAX_N;
+            self.add("rms_norm_hadamard_dual", if fused { 1 } else { 2 });
+        }
+        Ok(())
+    }
+}
+
+/// The kernel shape of a gated rotation of `n_tokens` rows laid out as `g` (as the CUDA
+/// backend's `fused_sigmoid_gate_hadamard` builds it).
+fn gate_rotation(g: &GateLayout, n_tokens: usize, block: usize) -> GateRotation {
+    GateRotation {
+        len: n_tokens * g.n_heads * g.head_dim,
+        n_heads: g.n_heads,
+        head_dim: g.head_dim,
+        gate_tok_stride: g.token_stride,
+        gate_head_stride: g.head_stride,
+        block,
     }
 }

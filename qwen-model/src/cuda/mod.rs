@@ -26,6 +26,7 @@ mod gdn;
 mod kv;
 mod launches;
 mod memory;
+mod mixer;
 mod norms;
 mod topk;
 mod weight;

@@ -4,7 +4,8 @@
 
 use super::{Model, Workspace};
 use crate::backend::{
-    Backend, ConvShape, GateLayout, GdnArgs, GdnRowScratch, GdnTrace, RopeLayout,
+    AttnGateRot, Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch, GdnTrace,
+    QkNormRope, RopeLayout, RotatedOut,
 };
 use crate::error::ModelError;
 use crate::fused::{NormIn, NormRot, SwigluRot};
@@ -246,14 +247,8 @@ impl<B: Backend> Model<B> {
         rows: usize,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
-        let (dh, eps, blk) = (c.head_dim, c.rms_eps, self.rot_block());
-        let (hq, hkv, kv, qd, ad) = (
-            c.n_q_heads,
-            c.n_kv_heads,
-            c.kv_dim(),
-            c.q_proj_dim(),
-            c.attn_out_dim(),
-        );
+        let (dh, blk) = (c.head_dim, self.rot_block());
+        let (hq, kv, qd, ad) = (c.n_q_heads, c.kv_dim(), c.q_proj_dim(), c.attn_out_dim());
         self.norm_project(
             &ws.resid,
             norm,
@@ -266,9 +261,20 @@ impl<B: Backend> Model<B> {
                 (&aw.v, &mut ws.v),
             ],
         )?;
-        // Per-head q/k RMSNorm (row by row: every sequence at once).
-        be.rms_norm_strided(&mut ws.q_gate, &aw.q_norm, dh, 2 * dh, rows * hq, eps)?;
-        be.rms_norm_strided(&mut ws.k, &aw.k_norm, dh, dh, rows * hkv, eps)?;
+        // Output gate: the second half of each head's q-projection slice (which RoPE does not
+        // touch), through a sigmoid.
+        let gate = GateLayout {
+            n_heads: hq,
+            head_dim: dh,
+            offset: dh,
+            token_stride: qd,
+            head_stride: 2 * dh,
+        };
+        // One sequence with a rotated o-projection: its attention writes the gated, rotated
+        // o input straight into `rotated` (one fused op after the attention's splits).
+        let fuse_out = aw.o.rotated && segs.count() == 1;
+        let mut fused = false;
+        // The per-head q/k RMSNorm runs with RoPE per sequence (`attend`: one fused op).
         for i in 0..segs.count() {
             let seg = segs.seg(i);
             let LayerState::Attention { k: kc, v: vc } = seg.ls else {
@@ -282,7 +288,13 @@ impl<B: Backend> Model<B> {
                     v: &ws.v,
                     out: &mut ws.attn_out,
                 };
-                self.attend(bufs, kc, vc, seg.step)?;
+                let rot = fuse_out.then_some(OutRot {
+                    out: &mut ws.rotated,
+                    gate: &gate,
+                    block: blk,
+                });
+                fused |= rot.is_some();
+                self.attend(aw, bufs, (kc, vc), seg.step, rot)?;
                 continue;
             }
             let sb = ws.seg.as_mut().ok_or_else(no_seg)?;
@@ -295,18 +307,22 @@ impl<B: Backend> Model<B> {
                 v: &sb.v,
                 out: &mut sb.attn_out,
             };
-            self.attend(bufs, kc, vc, seg.step)?;
+            self.attend(aw, bufs, (kc, vc), seg.step, None)?;
             be.copy(&sb.attn_out, 0, &mut ws.attn_out, r0 * ad, n * ad)?;
         }
-        // Output gate: the second half of each head's q-projection slice (which RoPE does not
-        // touch), through a sigmoid.
-        let gate = GateLayout {
-            n_heads: hq,
-            head_dim: dh,
-            offset: dh,
-            token_stride: qd,
-            head_stride: 2 * dh,
-        };
+        if fused {
+            return be.matmul(&ws.rotated, rows, &mut [(&aw.o.w, &mut ws.mixer_out)]);
+        }
+        if aw.o.rotated {
+            // Gate and rotation straight into `rotated`: one fused op instead of the gate, a
+            // copy and the rotation.
+            let o = RotatedOut {
+                out: &mut ws.rotated,
+                block: blk,
+            };
+            be.sigmoid_gate_hadamard((&mut ws.attn_out, &ws.q_gate, &gate), rows, o)?;
+            return be.matmul(&ws.rotated, rows, &mut [(&aw.o.w, &mut ws.mixer_out)]);
+        }
         be.sigmoid_gate(&mut ws.attn_out, &ws.q_gate, &gate, rows)?;
         project(
             be,
@@ -318,14 +334,16 @@ impl<B: Backend> Model<B> {
         )
     }
 
-    /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: RoPE at its
-    /// positions, the K/V cache write, attention over its cache.
+    /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: the per-head
+    /// q/k norms with RoPE at its positions, the K/V cache write, attention over its cache
+    /// (into `b.out`, or gated and rotated into `rot.out` when `rot` is given).
     fn attend(
         &self,
+        aw: &AttnWeights<B>,
         b: AttnBufs<'_, B>,
-        kc: &mut B::KvBuf,
-        vc: &mut B::KvBuf,
+        (kc, vc): (&mut B::KvBuf, &mut B::KvBuf),
         step: Step,
+        rot: Option<OutRot<'_, B>>,
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
         let kv = c.kv_dim();
@@ -347,18 +365,39 @@ impl<B: Backend> Model<B> {
             token_stride: kv,
             n_rot: c.rope_dims,
         };
-        be.rope(b.q_gate, &q_rope, rows, rope_pos0, c.rope_theta)?;
-        be.rope(b.k, &k_rope, rows, rope_pos0, c.rope_theta)?;
-        be.kv_write(b.k, kc, cache_pos0 * kv, rows * kv)?;
-        be.kv_write(b.v, vc, cache_pos0 * kv, rows * kv)?;
-        be.attention(
-            b.q_gate,
-            kc,
-            vc,
-            b.out,
-            &c.attn_layout(),
-            cache_pos0..cache_pos0 + rows,
-        )
+        be.qk_norm_rope(QkNormRope {
+            q: &mut *b.q_gate,
+            k: &mut *b.k,
+            q_norm: &aw.q_norm,
+            k_norm: &aw.k_norm,
+            q_layout: q_rope,
+            k_layout: k_rope,
+            head_dim: c.head_dim,
+            eps: c.rms_eps,
+            n_tokens: rows,
+            pos0: rope_pos0,
+            theta: c.rope_theta,
+        })?;
+        be.kv_write_pair((b.k, b.v), (kc, vc), cache_pos0 * kv, rows * kv)?;
+        let (layout, positions) = (c.attn_layout(), cache_pos0..cache_pos0 + rows);
+        let Some(r) = rot else {
+            return be.attention(b.q_gate, kc, vc, b.out, &layout, positions);
+        };
+        let a = AttnGateRot {
+            q: &*b.q_gate,
+            k_cache: &*kc,
+            v_cache: &*vc,
+            layout: &layout,
+            positions,
+            gate: &*b.q_gate,
+            g: *r.gate,
+            attn_out: b.out,
+        };
+        let o = RotatedOut {
+            out: r.out,
+            block: r.block,
+        };
+        be.attention_gate_hadamard(a, o)
     }
 
     /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows, each
@@ -419,6 +458,19 @@ impl<B: Backend> Model<B> {
             };
             self.gdn_core(gw, st, bufs, n, trace)?;
             be.copy(&sb.gdn_out, 0, &mut ws.gdn_out, r0 * vd, n * vd)?;
+        }
+        if gw.out.rotated {
+            // Norm and rotation straight into `rotated`: one fused op instead of the norm, a
+            // copy and the rotation.
+            let shape = GatedNormShape {
+                len: rows * vd,
+                n: g.dv,
+                eps: c.rms_eps,
+                block: blk,
+            };
+            let (x, z) = (&mut ws.gdn_out, &ws.gdn_gate);
+            be.gated_rms_norm_hadamard((x, z, &gw.norm), &mut ws.rotated, shape)?;
+            return be.matmul(&ws.rotated, rows, &mut [(&gw.out.w, &mut ws.mixer_out)]);
         }
         be.gated_rms_norm(
             &mut ws.gdn_out,
@@ -510,6 +562,17 @@ struct AttnBufs<'a, B: Backend> {
     v: &'a B::Buf,
     /// Attention output rows `[rows, Hq * Dh]`.
     out: &'a mut B::Buf,
+}
+
+/// Where [`Model::attend`] writes a gated, rotated output: `out = H(attention * sigmoid(gate))`
+/// in blocks of `block`.
+struct OutRot<'a, B: Backend> {
+    /// The o-projection's rotated input `[rows, Hq * Dh]`.
+    out: &'a mut B::Buf,
+    /// Where the gates sit in the q-projection rows.
+    gate: &'a GateLayout,
+    /// Rotation block.
+    block: usize,
 }
 
 /// The buffers of one sequence's GDN ops ([`Model::gdn_core`]).
