@@ -126,6 +126,31 @@ unsafe fn f16_pair(p: *const u8, dx: f32) -> __m128 {
     _mm_mul_ps(_mm_cvtph_ps(h), _mm_set1_ps(dx))
 }
 
+/// Prefetches the block `PREFETCH_BYTES` ahead of the Q4_K block at `b` (144 bytes: up to
+/// three cache lines; `wrapping_add`: a prefetch never faults) and returns its scales and mins
+/// (`q4k_scales_mins`).
+#[inline(always)]
+unsafe fn q4k_block_start(b: *const u8) -> (u64, u64) {
+    let ahead = b.wrapping_add(PREFETCH_BYTES);
+    for l in 0..3 {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+    }
+    q4k_scales_mins(std::slice::from_raw_parts(b.add(4), 12))
+}
+
+/// `accm + dmin * dx * (m_j * sum_j)` lane-wise over the 8 sub-blocks: the mins term of one
+/// Q4_K block (`mn` its mins, `sums` its 8 activation sums, `dd` lane 1 = `dmin * dx`).
+#[inline(always)]
+unsafe fn q4k_mins(accm: __m256, mn: u64, sums: *const i32, dd: __m128) -> __m256 {
+    let sums = _mm256_loadu_si256(sums as *const __m256i);
+    let m = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)), sums);
+    _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(m),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+        accm,
+    )
+}
+
 /// The Q4_K body on AVX-512; `VNNI` picks `vpdpwssd` over `vpmaddwd` + `vpaddd` (same sums).
 #[inline(always)]
 unsafe fn q4k_512_body<const VNNI: bool>(row: &[u8], a: &ActsI16) -> f32 {
@@ -136,12 +161,7 @@ unsafe fn q4k_512_body<const VNNI: bool>(row: &[u8], a: &ActsI16) -> f32 {
     let base = row.as_ptr();
     for i in 0..row.len() / Q4K_BYTES {
         let b = base.add(i * Q4K_BYTES);
-        // 144 bytes: up to three cache lines; `wrapping_add`: a prefetch never faults.
-        let ahead = b.wrapping_add(PREFETCH_BYTES);
-        for l in 0..3 {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
-        }
-        let (sc, mn) = q4k_scales_mins(std::slice::from_raw_parts(b.add(4), 12));
+        let (sc, mn) = q4k_block_start(b);
         let scv = _mm512_set1_epi64(sc as i64);
         let xq = a.q.as_ptr().add(QK_K * i);
         let mut isum = _mm512_setzero_si512();
@@ -168,13 +188,7 @@ unsafe fn q4k_512_body<const VNNI: bool>(row: &[u8], a: &ActsI16) -> f32 {
         }
         let dd = f16_pair(b, a.d[i]);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(dd), acc);
-        let sums = _mm256_loadu_si256(a.sums.as_ptr().add(8 * i) as *const __m256i);
-        let m = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)), sums);
-        accm = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(m),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-            accm,
-        );
+        accm = q4k_mins(accm, mn, a.sums.as_ptr().add(8 * i), dd);
     }
     _mm512_reduce_add_ps(acc) - super::x86::hsum(accm)
 }
@@ -198,11 +212,7 @@ unsafe fn q4k_avx2(row: &[u8], a: &ActsI16) -> f32 {
     let base = row.as_ptr();
     for i in 0..row.len() / Q4K_BYTES {
         let b = base.add(i * Q4K_BYTES);
-        let ahead = b.wrapping_add(PREFETCH_BYTES);
-        for l in 0..3 {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
-        }
-        let (sc, mn) = q4k_scales_mins(std::slice::from_raw_parts(b.add(4), 12));
+        let (sc, mn) = q4k_block_start(b);
         let scv = _mm256_set1_epi64x(sc as i64);
         let xq = a.q.as_ptr().add(QK_K * i);
         let mut isum = _mm256_setzero_si256();
@@ -226,13 +236,7 @@ unsafe fn q4k_avx2(row: &[u8], a: &ActsI16) -> f32 {
         }
         let dd = f16_pair(b, a.d[i]);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(dd), acc);
-        let sums = _mm256_loadu_si256(a.sums.as_ptr().add(8 * i) as *const __m256i);
-        let m = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)), sums);
-        accm = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(m),
-            _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-            accm,
-        );
+        accm = q4k_mins(accm, mn, a.sums.as_ptr().add(8 * i), dd);
     }
     super::x86::hsum(acc) - super::x86::hsum(accm)
 }
