@@ -74,10 +74,14 @@ pub(crate) fn dot(ty: GgmlType, row: &[u8], a: &ActsI16) -> Option<f32> {
     }
 }
 
+/// A kernel: a weight row times int16 activations.
+#[cfg(test)]
+pub(crate) type Kernel = unsafe fn(&[u8], &ActsI16) -> f32;
+
 /// The kernels by level, for the tests (each against the reference, whatever `dot` picks).
 #[cfg(test)]
-pub(crate) fn all_kernels() -> Vec<(&'static str, GgmlType, unsafe fn(&[u8], &ActsI16) -> f32)> {
-    let mut v: Vec<(&'static str, GgmlType, unsafe fn(&[u8], &ActsI16) -> f32)> = Vec::new();
+pub(crate) fn all_kernels() -> Vec<(&'static str, GgmlType, Kernel)> {
+    let mut v: Vec<(&'static str, GgmlType, Kernel)> = Vec::new();
     if !available() {
         return v;
     }
