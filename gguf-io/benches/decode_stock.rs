@@ -12,10 +12,12 @@
 //!
 //! Weights are random blocks with fixed, finite scales (a quantizer run over 1.3 G weights
 //! would take minutes and changes no timing). `PN_BENCH_CLOCK=cpu` measures thread CPU time;
-//! `PN_BENCH_MODES` picks the working sets (default `l3,dram`).
+//! `PN_BENCH_MODES` picks the working sets (default `l3,dram`). Each kernel is timed with f32
+//! activations (`f32_acts`) and, where the CPU has it, the int16-activation path the model's
+//! decode uses for Q4_K and Q8_0 (`i16_acts`, quantization included).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gguf_io::quants::{dequantize_row, vec_dot_f32};
+use gguf_io::quants::{dequantize_row, has_i16_kernel, vec_dot_f32, vec_dot_i16, ActsI16};
 use gguf_io::GgmlType;
 use std::hint::black_box;
 use std::time::Duration;
@@ -89,6 +91,24 @@ fn matvec_shape(c: &mut Criterion, ty: GgmlType, rows: usize, l3_rows: usize, sc
             };
             g.bench_function(format!("f32_acts_{threads}t"), |b| {
                 b.iter_custom(|n| clock::run_split(n, threads, copies, &kernel))
+            });
+            if !has_i16_kernel(ty) {
+                continue;
+            }
+            // The int16-activation path as the model runs it: each part quantizes the
+            // activations once (as each chunk of a matmul does), then one dot per row.
+            let kernel_i16 = |m: usize, t: usize| {
+                let (r0, r1) = clock::part(rows, t, threads);
+                let mut a = ActsI16::new();
+                a.update(&x).unwrap();
+                let s: f32 = ring[m][r0 * rb..r1 * rb]
+                    .chunks_exact(rb)
+                    .map(|r| vec_dot_i16(ty, r, &a).unwrap())
+                    .sum();
+                black_box(s);
+            };
+            g.bench_function(format!("i16_acts_{threads}t"), |b| {
+                b.iter_custom(|n| clock::run_split(n, threads, copies, &kernel_i16))
             });
         }
         g.finish();

@@ -134,3 +134,56 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The fast whole-row check (`block::all_valid`, which `validate_row` tries first) agrees
+    /// with the block-by-block one on rows of valid blocks with at most one corruption (a scale
+    /// with an all-ones exponent, or one reserved bit), and `validate_row` still names the first
+    /// bad block and the reason.
+    #[test]
+    fn fast_validation_agrees_with_block_walk(
+        ty in ty_strategy(),
+        n_blocks in 1usize..40,
+        codes_seed in any::<u64>(),
+        corrupt in prop::option::of((any::<prop::sample::Index>(), 0u8..4, 0usize..8)),
+    ) {
+        let mut s = codes_seed | 1;
+        let mut bytes = Vec::new();
+        for b in 0..n_blocks {
+            let codes: Vec<u8> = (0..ty.weights_per_block())
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s % 16) as u8
+                })
+                .collect();
+            let d = half::f16::from_f32(0.01 * (b as f32 + 1.0));
+            bytes.extend(pn_format::pack_block(ty, d, &codes));
+        }
+        prop_assert!(pn_format::block::all_valid(ty, &bytes));
+        prop_assert!(validate_row(ty, &bytes).is_ok());
+        if let Some((at, kind, word)) = corrupt {
+            let b = at.index(n_blocks);
+            let o = 34 * b;
+            match kind {
+                // +inf, NaN, -inf scales.
+                0 => bytes[o..o + 2].copy_from_slice(&0x7c00u16.to_le_bytes()),
+                1 => bytes[o..o + 2].copy_from_slice(&0x7e01u16.to_le_bytes()),
+                2 => bytes[o..o + 2].copy_from_slice(&0xfc00u16.to_le_bytes()),
+                // Bit 15 or 31 of code word `word`: reserved in pn3t, a code bit in pn4t.
+                _ => bytes[o + 2 + 4 * word + 1 + 2 * (word % 2)] |= 0x80,
+            }
+            let walk = bytes.chunks(34).enumerate().try_for_each(|(i, c)| {
+                pn_format::BlockRef::new(ty, c).unwrap().validate(i)
+            });
+            prop_assert_eq!(pn_format::block::all_valid(ty, &bytes), walk.is_ok());
+            prop_assert_eq!(
+                validate_row(ty, &bytes).map_err(|e| e.to_string()),
+                walk.map_err(|e| e.to_string())
+            );
+        }
+    }
+}

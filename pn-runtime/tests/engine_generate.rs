@@ -378,6 +378,54 @@ fn load_errors_say_what_is_wrong() {
         "{msg}"
     );
 
+    // Validation runs on the load's threads; with several bad tensors the error still names the
+    // first in file order (its first bad row), however the threads interleave.
+    let good = vec![0u8; 8 * 2 * 34];
+    let mut bad_a = good.clone();
+    // Row 5, block 0: a reserved bit (bit 15 of word 3).
+    bad_a[5 * 68 + 2 + 4 * 3 + 1] |= 0x80;
+    let mut bad_b = good.clone();
+    bad_b[0..2].copy_from_slice(&0x7c00u16.to_le_bytes());
+    let names: Vec<String> = (0..8).map(|i| format!("blk.{i}.ffn_up.weight")).collect();
+    let tensors: Vec<gguf_io::TensorSpec<'_>> = (0..8)
+        .map(|i| {
+            let b: &[u8] = match i {
+                2 => &bad_a,
+                6 => &bad_b,
+                _ => &good,
+            };
+            (names[i].as_str(), GgmlType::Pn3t, &[160u64, 8][..], b)
+        })
+        .collect();
+    let two_bad = dir.join("two-bad-pn.gguf");
+    gguf_io::write_gguf(
+        &two_bad,
+        &[MetadataEntry::new(
+            "general.architecture",
+            Value::String("qwen35".into()),
+        )],
+        &tensors,
+    )
+    .unwrap();
+    for threads in [1, 2, 3] {
+        for _ in 0..5 {
+            let e = load_err(
+                &two_bad,
+                EngineOptions {
+                    threads,
+                    ..options()
+                },
+            );
+            let msg = e.to_string();
+            assert!(
+                matches!(e, EngineError::InvalidPnTensor { row: 5, .. })
+                    && msg.contains("blk.2.ffn_up.weight")
+                    && msg.contains("block 0"),
+                "{threads} threads: {msg}"
+            );
+        }
+    }
+
     let e = load_err(
         pn_runtime::DEMO_MODEL_PATH,
         EngineOptions {

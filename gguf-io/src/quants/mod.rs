@@ -16,6 +16,7 @@
 //! The PN types are decoded by `pn-format`; here they are `QuantError::Unsupported`.
 
 mod fp;
+mod i16acts;
 mod iq1_grid;
 mod iq_tables;
 mod iquants;
@@ -29,10 +30,13 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
+mod x86_i16;
+#[cfg(target_arch = "x86_64")]
 mod x86_multi;
 #[cfg(target_arch = "x86_64")]
 mod x86_stock;
 
+pub use i16acts::{has_i16_kernel, vec_dot_i16, ActsI16, GROUP as I16_GROUP};
 pub use multi::vec_dot_f32_multi;
 pub use q8::{quantize_activations, vec_dot_q, ActFormat, QuantizedActs};
 
@@ -273,6 +277,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), 
 pub mod reference {
     use super::*;
 
+    pub use super::i16acts::reference::vec_dot_i16;
     pub use super::q8::vec_dot_q_scalar as vec_dot_q;
 
     /// Dot product by full dequantization and f64 accumulation: slow, exact up to the final

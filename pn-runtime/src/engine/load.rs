@@ -70,7 +70,7 @@ pub(super) fn load_file(
         });
     }
     if options.validate_pn {
-        validate_pn_tensors(&file, progress)?;
+        validate_pn_tensors(&file, validate_threads(options.threads), progress)?;
     }
     let config = ModelConfig::from_gguf(&file)?;
     let context = resolve_context(&config, options.context)?;
@@ -254,42 +254,98 @@ fn cuda_memory_plan(
     plan
 }
 
-/// Checks every block of every PN tensor (finite scales, no reserved bits).
-fn validate_pn_tensors(file: &GgufFile, progress: &mut dyn FnMut(LoadProgress)) -> Result<()> {
+/// Rows of PN tensors one validation task checks (about 16 MiB of a 27B model's matrices): small
+/// enough that the threads finish together, large enough that claiming one costs nothing.
+const VALIDATE_TASK_BYTES: u64 = 16 << 20;
+
+/// Checks every block of every PN tensor (finite scales, no reserved bits) on `threads` threads
+/// (the fast whole-row test of `pn_format::validate_row`: the check costs about one read of the
+/// file). Each task is a run of whole rows of one tensor, in file order; a failure is reported
+/// for the first bad row in file order (the lowest failing task), as a sequential pass would.
+fn validate_pn_tensors(
+    file: &GgufFile,
+    threads: usize,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Mutex;
     let pn_type = |ty: GgmlType| match ty {
         GgmlType::Pn3t => Some(pn_format::PnType::Pn3t),
         GgmlType::Pn4t => Some(pn_format::PnType::Pn4t),
         _ => None,
     };
-    let total: u64 = file
-        .tensor_infos()
-        .iter()
-        .filter(|t| pn_type(t.ty).is_some())
-        .map(|t| t.n_bytes)
-        .sum();
-    if total == 0 {
-        return Ok(());
-    }
-    let mut done = 0;
+    // (tensor name, type, its bytes, row bytes, first row of the task, rows of the task).
+    let mut tasks = Vec::new();
+    let mut total = 0u64;
     for t in file.tensors() {
         let Some(ty) = pn_type(t.ty) else { continue };
         let n_rows = t.n_rows().max(1);
-        let row_bytes = t.bytes.len() as u64 / n_rows;
-        for (row, bytes) in t.bytes.chunks(row_bytes.max(1) as usize).enumerate() {
-            pn_format::validate_row(ty, bytes).map_err(|source| EngineError::InvalidPnTensor {
-                tensor: t.name.to_string(),
-                row: row as u64,
-                source,
-            })?;
+        let row_bytes = (t.bytes.len() as u64 / n_rows).max(1) as usize;
+        let rows = t.bytes.len().div_ceil(row_bytes);
+        let per = ((VALIDATE_TASK_BYTES as usize) / row_bytes).max(1);
+        for r0 in (0..rows).step_by(per) {
+            tasks.push((t.name, ty, t.bytes, row_bytes, r0, per.min(rows - r0)));
         }
-        done += t.bytes.len() as u64;
-        progress(LoadProgress {
-            stage: "validating",
-            done,
-            total,
-        });
+        total += t.bytes.len() as u64;
     }
-    Ok(())
+    if total == 0 {
+        return Ok(());
+    }
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    // The lowest failing task and its error; tasks after it need not run.
+    let failed = AtomicUsize::new(usize::MAX);
+    let first_err: Mutex<Option<(usize, EngineError)>> = Mutex::new(None);
+    let work = |mut report: Option<&mut dyn FnMut(LoadProgress)>| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= tasks.len() || i > failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let (name, ty, bytes, row_bytes, r0, n) = tasks[i];
+        let part = &bytes[r0 * row_bytes..((r0 + n) * row_bytes).min(bytes.len())];
+        for (k, row) in part.chunks(row_bytes).enumerate() {
+            if let Err(source) = pn_format::validate_row(ty, row) {
+                let mut slot = first_err.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.as_ref().is_none_or(|(j, _)| i < *j) {
+                    let e = EngineError::InvalidPnTensor {
+                        tensor: name.to_string(),
+                        row: (r0 + k) as u64,
+                        source,
+                    };
+                    *slot = Some((i, e));
+                    failed.fetch_min(i, Ordering::Relaxed);
+                }
+                break;
+            }
+        }
+        let d = done.fetch_add(part.len() as u64, Ordering::Relaxed) + part.len() as u64;
+        if let Some(p) = report.as_mut() {
+            p(LoadProgress {
+                stage: "validating",
+                done: d,
+                total,
+            });
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads.max(1) {
+            s.spawn(|| work(None));
+        }
+        // The caller's thread works too, and reports progress (the callback is not `Sync`).
+        work(Some(progress));
+    });
+    match first_err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Threads for the load-time validation: those the model will run on (`0`: every logical CPU).
+fn validate_threads(threads: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
 }
 
 fn resolve_context(config: &ModelConfig, requested: usize) -> Result<usize> {

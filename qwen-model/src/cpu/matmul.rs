@@ -187,6 +187,11 @@ fn matmul_direct(
     range: std::ops::Range<usize>,
 ) -> Result<(), ModelError> {
     let k = w.cols;
+    if rows == 1 && w.i16_decode() {
+        // Decode of Q4_K / Q8_0: int16 activations, quantized once for this chunk.
+        // SAFETY: row `r` of the output belongs to this thread only.
+        return w.dot_range_i16(range, &x[..k], |r, v| unsafe { *y.get().add(r) = v });
+    }
     if rows == 1 {
         // Decode: the single-vector kernel straight away (no per-row grouping overhead, which
         // shows on small matrices).

@@ -6,6 +6,7 @@ use crate::backend::WeightSource;
 use crate::error::ModelError;
 use gguf_io::{GgmlType, GgufFile};
 use pn_format::PnType;
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// Where a weight's bytes live.
@@ -42,7 +43,16 @@ pub struct CpuWeight {
     pub(crate) cols: usize,
     pub(crate) row_bytes: usize,
     pub(crate) rotation_block: Option<usize>,
+    /// Single-row products go through int16 activations (`gguf_io::quants::vec_dot_i16`:
+    /// Q4_K and Q8_0 rows of whole 256-groups on a CPU with the SIMD kernels).
+    i16_decode: bool,
     name: String,
+}
+
+thread_local! {
+    /// Each thread's int16 copy of the activation vector of its current chunk (`cols` values;
+    /// grows to the widest matrix once, then reused without allocating).
+    static ACTS_I16: RefCell<gguf_io::quants::ActsI16> = RefCell::new(Default::default());
 }
 
 impl CpuWeight {
@@ -103,6 +113,8 @@ impl CpuWeight {
             cols: src.cols,
             row_bytes,
             rotation_block: src.rotated.then_some(src.rotation_block),
+            i16_decode: matches!(kind, RowKind::Stock(ty) if gguf_io::quants::has_i16_kernel(ty))
+                && src.cols.is_multiple_of(gguf_io::quants::I16_GROUP),
             name: src.name.into(),
         })
     }
@@ -144,6 +156,36 @@ impl CpuWeight {
             }
             RowKind::Pn(ty) => pn_format::dot::dot_f32(ty, row, x).map_err(|e| self.err(r, e)),
         }
+    }
+
+    /// Whether [`CpuWeight::dot_range_i16`] serves this weight's single-row products.
+    #[inline]
+    pub(crate) fn i16_decode(&self) -> bool {
+        self.i16_decode
+    }
+
+    /// `put(r, row(r) . x)` for every row of `range`, with `x` (`cols` floats) quantized once
+    /// to int16 (at most 2^-16 of each 256-group's largest magnitude off, see
+    /// `gguf_io::quants::ActsI16`) and exact integer block products. Only for weights with
+    /// [`CpuWeight::i16_decode`].
+    pub(crate) fn dot_range_i16(
+        &self,
+        range: std::ops::Range<usize>,
+        x: &[f32],
+        mut put: impl FnMut(usize, f32),
+    ) -> Result<(), ModelError> {
+        let RowKind::Stock(ty) = self.kind else {
+            return Err(self.err(range.start, "int16 activations need a stock type"));
+        };
+        ACTS_I16.with_borrow_mut(|a| {
+            a.update(x).map_err(|e| self.err(range.start, e))?;
+            for r in range {
+                let v =
+                    gguf_io::quants::vec_dot_i16(ty, self.row(r), a).map_err(|e| self.err(r, e))?;
+                put(r, v);
+            }
+            Ok(())
+        })
     }
 
     /// `out[j] = row(r) . xs[j]`, decoding the row once for all vectors (stock types; PN rows go
