@@ -9,7 +9,7 @@
 //! results do not depend on the thread count. No FMA is used (Rust never contracts `a * b + c`),
 //! so the AVX2 build of the kernel gives the same bits as the portable one.
 
-/// Rows of the register tile.
+/// Rows of the register tile (the kernel below unrolls exactly four).
 const MR: usize = 4;
 /// Columns of the register tile (two AVX2 vectors of f64).
 const NR: usize = 8;
@@ -117,15 +117,19 @@ impl Gemm<'_> {
         if mr == MR && nr == NR {
             let a: [&[f64]; MR] =
                 std::array::from_fn(|r| &self.a[(ra + r) * self.lda + ts..][..len]);
-            for t in 0..len {
-                let bt = &self.b[(ts + t) * self.ldb + j0..][..NR];
-                for r in 0..MR {
-                    let av = a[r][t];
-                    for j in 0..NR {
-                        acc[r][j] += av * bt[j];
-                    }
-                }
+            let b = &self.b[ts * self.ldb + j0..];
+            // The last row of B read is `len - 1`; its 8 columns must be in `b`.
+            let fits = len == 0 || (len - 1) * self.ldb + NR <= b.len();
+            #[cfg(target_arch = "x86_64")]
+            if fits && std::arch::is_x86_feature_detected!("avx") {
+                // SAFETY: AVX is present; every A row has `len` entries and B rows `0..len`
+                // have 8 columns from `b` (both checked above).
+                unsafe { micro_avx(&mut acc, a, b, self.ldb, len) };
+            } else {
+                micro_portable(&mut acc, a, b, self.ldb, len);
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            micro_portable(&mut acc, a, b, self.ldb, len);
         } else {
             // Edge tile: the same operations per element, in the same order.
             for (r, accr) in acc.iter_mut().enumerate().take(mr) {
@@ -146,6 +150,45 @@ impl Gemm<'_> {
             };
             for (x, &v) in row.iter_mut().zip(accr).take(lim) {
                 *x += v;
+            }
+        }
+    }
+}
+
+/// The 4 x 8 register tile: `acc[r][j] += sum_t a[r][t] * b[t * ldb + j]`, `t` ascending, each
+/// product rounded, then added (no FMA: the same bits as [`micro_portable`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn micro_avx(acc: &mut [[f64; NR]; MR], a: [&[f64]; MR], b: &[f64], ldb: usize, len: usize) {
+    use std::arch::x86_64::*;
+    let mut c = [[_mm256_setzero_pd(); 2]; MR];
+    let ap = a.map(|r| r.as_ptr());
+    let mut bp = b.as_ptr();
+    for t in 0..len {
+        // SAFETY (caller): row t of B has 8 columns at bp, each A row has len entries.
+        let (b0, b1) = unsafe { (_mm256_loadu_pd(bp), _mm256_loadu_pd(bp.add(4))) };
+        for r in 0..MR {
+            let av = unsafe { _mm256_broadcast_sd(&*ap[r].add(t)) };
+            c[r][0] = _mm256_add_pd(c[r][0], _mm256_mul_pd(av, b0));
+            c[r][1] = _mm256_add_pd(c[r][1], _mm256_mul_pd(av, b1));
+        }
+        bp = bp.wrapping_add(ldb);
+    }
+    for (dst, v) in acc.iter_mut().zip(c) {
+        // SAFETY: each row of acc holds 8 f64.
+        unsafe {
+            _mm256_storeu_pd(dst.as_mut_ptr(), v[0]);
+            _mm256_storeu_pd(dst.as_mut_ptr().add(4), v[1]);
+        }
+    }
+}
+
+/// [`micro_avx`] without SIMD intrinsics (the same operations, element by element).
+fn micro_portable(acc: &mut [[f64; NR]; MR], a: [&[f64]; MR], b: &[f64], ldb: usize, len: usize) {
+    for (r, accr) in acc.iter_mut().enumerate() {
+        for (t, &av) in a[r].iter().enumerate().take(len) {
+            for (x, &bv) in accr.iter_mut().zip(&b[t * ldb..t * ldb + NR]) {
+                *x += av * bv;
             }
         }
     }

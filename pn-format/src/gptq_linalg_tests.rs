@@ -217,3 +217,71 @@ fn gram_matches_naive() {
     accumulate_lower_gram(&mut g4, &x, rows, k, 4);
     assert!(g1 == g4, "threads changed the bits");
 }
+
+/// Throughput of the GEMM kernel against a plain `ikj` loop in the same process (a loaded
+/// machine only gives ratios). Prints: `cargo test --release -p pn-format --lib gemm_speed --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gemm_speed() {
+    let n = 512;
+    let mut r = Rng(1);
+    let a: Vec<f64> = (0..n * n).map(|_| r.next()).collect();
+    let b: Vec<f64> = (0..n * n).map(|_| r.next()).collect();
+    for _ in 0..2 {
+        let mut c = vec![0f64; n * n];
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            for t in 0..n {
+                let av = a[i * n + t];
+                for (x, &bv) in c[i * n..(i + 1) * n].iter_mut().zip(&b[t * n..(t + 1) * n]) {
+                    *x += av * bv;
+                }
+            }
+        }
+        let naive = t.elapsed().as_secs_f64();
+        let mut c2 = vec![0f64; n * n];
+        let g = Gemm {
+            a: &a,
+            lda: n,
+            b: &b,
+            ldb: n,
+            n,
+            p: n,
+            b_lower: None,
+            c_lower: None,
+        };
+        let t = std::time::Instant::now();
+        g.run(&mut c2, n, 0, n);
+        let tiled = t.elapsed().as_secs_f64();
+        let f = (n * n * n) as f64 / 1e9;
+        eprintln!(
+            "{n}^3: ikj {:.2} GFMA/s, kernel {:.2} GFMA/s ({:.1}x)",
+            f / naive,
+            f / tiled,
+            naive / tiled
+        );
+    }
+}
+
+/// The AVX register tile gives the same bits as the portable one (no FMA either way), so files
+/// do not depend on the CPU's instruction set.
+#[test]
+fn avx_tile_equals_portable_bits() {
+    let mut r = Rng(12);
+    let (len, ldb) = (300, 11);
+    let rows: Vec<Vec<f64>> = (0..MR)
+        .map(|_| (0..len).map(|_| r.next()).collect())
+        .collect();
+    let b: Vec<f64> = (0..len * ldb).map(|_| r.next() * 1e3).collect();
+    let a: [&[f64]; MR] = std::array::from_fn(|i| &rows[i][..]);
+    let mut want = [[0f64; NR]; MR];
+    micro_portable(&mut want, a, &b, ldb, len);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        let mut got = [[0f64; NR]; MR];
+        // SAFETY: AVX checked; rows have len entries, B rows 8 columns (ldb 11 >= 8).
+        unsafe { micro_avx(&mut got, a, &b, ldb, len) };
+        assert_eq!(got, want);
+    }
+}
