@@ -317,7 +317,7 @@ fn last_cpu() -> f64 {
 /// The PN type a 27B matrix of row length `k` gets: pn3t where 80 divides k, else pn4t (the
 /// K = 6144 and 17408 readers).
 fn type_for(k: usize) -> PnType {
-    if k % 80 == 0 {
+    if k.is_multiple_of(80) {
         PnType::Pn3t
     } else {
         PnType::Pn4t
