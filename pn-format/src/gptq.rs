@@ -14,6 +14,7 @@
 //! every sum runs in a fixed order in f64.
 
 use crate::error::PnError;
+use crate::gptq_linalg;
 use crate::types::{PnType, BLOCK_BYTES};
 use crate::weighted::{pack_at_scale, weighted_scale};
 
@@ -22,10 +23,6 @@ pub const LAZY_GROUPS: usize = 4;
 
 /// Relative damping GPTQ uses by default: `lambda = 0.01 * mean(diag H)`.
 pub const DEFAULT_DAMP: f64 = 0.01;
-
-/// Columns of the trailing update handled per pass (a `[run, COL_CHUNK]` slice of `U` stays in
-/// cache while every row of the tile passes over it).
-const COL_CHUNK: usize = 256;
 
 /// The factor of one Hessian that every row of a matrix is quantized against.
 #[derive(Clone, Debug)]
@@ -45,6 +42,19 @@ impl GptqFactor {
     /// If the damped matrix is still not positive definite the damping is raised tenfold, up to
     /// three times, before giving up.
     pub fn new(h: &[f64], k: usize, rel_damp: f64) -> Result<GptqFactor, PnError> {
+        GptqFactor::new_threaded(h, k, rel_damp, 1)
+    }
+
+    /// [`GptqFactor::new`] on `threads` threads (0 = all cores): blocked Cholesky and
+    /// triangular inverse ([`crate::gptq_linalg`]), both in place in one `[k, k]` f64 buffer
+    /// that becomes the factor, so the memory is `h` plus one more `k * k` f64 (2.42 GB at
+    /// `k = 17408`) plus `O(k)` panels. The factor does not depend on the thread count.
+    pub fn new_threaded(
+        h: &[f64],
+        k: usize,
+        rel_damp: f64,
+        threads: usize,
+    ) -> Result<GptqFactor, PnError> {
         if h.len() != k * k {
             return Err(PnError::LengthMismatch {
                 what: "Hessian entries",
@@ -62,35 +72,23 @@ impl GptqFactor {
         }
         let mut damp = rel_damp.max(0.0) * mean;
         let mut last = 0;
+        let mut b = vec![0f64; k * k];
         for _ in 0..4 {
             // The reversed matrix B = J A J, so that its lower Cholesky factor M gives the upper
             // factor of A: A = (J M J)(J M J)^T, hence A^-1 = U^T U with U = J M^-1 J.
-            let mut b = vec![0f64; k * k];
-            for i in 0..k {
-                for j in 0..=i {
-                    let (ri, rj) = (k - 1 - i, k - 1 - j);
-                    // A's lower triangle holds (ri, rj) with ri <= rj mirrored: read (rj, ri).
-                    let mut v = h[rj * k + ri];
-                    if i == j {
-                        v = if h[ri * k + ri] > 0.0 {
-                            v + damp
-                        } else {
-                            1.0 + damp
-                        };
-                    }
-                    b[i * k + j] = v;
-                }
-            }
-            match cholesky_lower(&mut b, k) {
+            reversed_lower(h, k, damp, &mut b);
+            match gptq_linalg::cholesky_lower(&mut b, k, threads) {
                 Ok(()) => {
-                    let minv = invert_lower(&b, k);
-                    let mut u = vec![0f64; k * k];
-                    for i in 0..k {
-                        for j in i..k {
-                            u[i * k + j] = minv[(k - 1 - i) * k + (k - 1 - j)];
-                        }
-                    }
-                    return Ok(GptqFactor { k, u, diag, damp });
+                    gptq_linalg::invert_lower(&mut b, k, threads);
+                    // U[i, j] = M^-1[k-1-i, k-1-j]: flat index i k + j maps to k k - 1 - (i k + j),
+                    // so U is the buffer reversed (M^-1's zero upper triangle becomes U's lower).
+                    b.reverse();
+                    return Ok(GptqFactor {
+                        k,
+                        u: b,
+                        diag,
+                        damp,
+                    });
                 }
                 Err(col) => {
                     last = k - 1 - col;
@@ -112,50 +110,32 @@ impl GptqFactor {
     }
 }
 
-/// In-place Cholesky of the lower triangle of `a` (`[k, k]` row-major): `a = L L^T`, `L` left in
-/// the lower triangle. `Err(col)` where a pivot is not positive.
-fn cholesky_lower(a: &mut [f64], k: usize) -> Result<(), usize> {
-    for i in 0..k {
-        for j in 0..=i {
-            let (ri, rj) = (i * k, j * k);
-            let mut s = a[ri + j];
-            for t in 0..j {
-                s -= a[ri + t] * a[rj + t];
-            }
-            if i == j {
-                if !(s > 0.0 && s.is_finite()) {
-                    return Err(i);
+/// Fills `b` (`[k, k]`) with the lower triangle of `J (A + damp I) J` (`J` the reversal; `A`'s
+/// lower triangle read from `h`) and zeros above, where a diagonal entry that never saw input
+/// (`<= 0`) is replaced by `1 + damp`. Tiled so that the transposed reads stay in cache.
+fn reversed_lower(h: &[f64], k: usize, damp: f64, b: &mut [f64]) {
+    const T: usize = 64;
+    b.iter_mut().for_each(|v| *v = 0.0);
+    for ib in (0..k).step_by(T) {
+        for jb in (0..=ib).step_by(T) {
+            for i in ib..(ib + T).min(k) {
+                let ri = k - 1 - i;
+                for j in jb..(jb + T).min(i + 1) {
+                    // A's lower triangle holds (ri, rj) with ri <= rj mirrored: read (rj, ri).
+                    let rj = k - 1 - j;
+                    b[i * k + j] = h[rj * k + ri];
                 }
-                a[ri + i] = s.sqrt();
-            } else {
-                a[ri + j] = s / a[rj + j];
             }
         }
     }
-    Ok(())
-}
-
-/// The inverse of the lower-triangular `m` (`[k, k]`; only the lower triangle is read), row by
-/// row: row `i` of `M^-1` is `(e_i - sum_{t<i} m[i,t] row_t) / m[i,i]`.
-fn invert_lower(m: &[f64], k: usize) -> Vec<f64> {
-    let mut x = vec![0f64; k * k];
     for i in 0..k {
-        let (done, rest) = x.split_at_mut(i * k);
-        let row = &mut rest[..k];
-        row[i] = 1.0;
-        for t in 0..i {
-            let c = m[i * k + t];
-            let src = &done[t * k..t * k + t + 1];
-            for (d, &s) in row[..=t].iter_mut().zip(src) {
-                *d -= c * s;
-            }
-        }
-        let p = m[i * k + i];
-        for d in row[..=i].iter_mut() {
-            *d /= p;
-        }
+        let ri = k - 1 - i;
+        b[i * k + i] = if h[ri * k + ri] > 0.0 {
+            h[ri * k + ri] + damp
+        } else {
+            1.0 + damp
+        };
     }
-    x
 }
 
 /// Quantizes the rows `w` (`[rows, k]`, rotated) with error feedback against `f`, writing
@@ -227,7 +207,7 @@ pub fn quantize_rows_gptq(
                         None => 0.0,
                     };
                     let e = (v - q) / u[j * k + j];
-                    err[r * run + (j - c0)] = e;
+                    err[r * run + (j - c0)] = -e;
                     let urow = &u[j * k..(j + 1) * k];
                     for (d, &uu) in wr[j + 1..c1].iter_mut().zip(&urow[j + 1..c1]) {
                         *d -= e * uu;
@@ -237,21 +217,20 @@ pub fn quantize_rows_gptq(
                 dst.copy_from_slice(&pack_at_scale(ty, &blockw[..g], s));
             }
         }
-        // The run's errors onto every later column: W[:, c1..] -= E U[c0..c1, c1..].
-        let mut cc = c1;
-        while cc < k {
-            let ce = (cc + COL_CHUNK).min(k);
-            for r in 0..rows {
-                let wr = &mut wk[r * k + cc..r * k + ce];
-                for t in 0..width {
-                    let e = err[r * run + t];
-                    let urow = &u[(c0 + t) * k + cc..(c0 + t) * k + ce];
-                    for (d, &uu) in wr.iter_mut().zip(urow) {
-                        *d -= e * uu;
-                    }
-                }
-            }
-            cc = ce;
+        // The run's errors onto every later column: W[:, c1..] += (-E) U[c0..c1, c1..], one
+        // cache-tiled GEMM (`err` holds -E).
+        if c1 < k {
+            let g = gptq_linalg::Gemm {
+                a: &err,
+                lda: run,
+                b: &u[c0 * k + c1..],
+                ldb: k,
+                n: k - c1,
+                p: width,
+                b_lower: None,
+                c_lower: None,
+            };
+            g.run(&mut wk[c1..], k, 0, rows);
         }
         c0 = c1;
     }

@@ -34,6 +34,7 @@ mod decode;
 pub mod dot;
 mod error;
 pub mod gptq;
+pub mod gptq_linalg;
 pub mod hadamard;
 mod isa;
 mod parallel;

@@ -47,8 +47,9 @@ use std::sync::Arc;
 
 /// The model that ships in the repository and that `pn run` / `pn chat` use without `-m`: a
 /// ~17M-parameter model of the exact Qwen3.5 architecture trained on Python source, quantized
-/// by `pn quantize` to the PN3 mix (P0k+19, Hadamard-rotated; 10.7 MB). Its README beside it
-/// gives the command that made it and its measured quality against the F16 original.
+/// by `pn quantize` with streamed GPTQ to the PN3 mix P0k+28 (Hadamard-rotated; 10.9 MB). Its
+/// README beside it gives the command that made it and its measured quality against the F16
+/// original.
 pub const DEMO_MODEL_PATH: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../tests/data/demo-code-model/model-pn3.gguf"

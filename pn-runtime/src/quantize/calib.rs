@@ -164,42 +164,10 @@ impl CalibStats {
         }
         if let Some(g) = s.gram.as_mut() {
             let xd: Vec<f64> = xr.iter().map(|&v| f64::from(v)).collect();
-            accumulate_gram(g, &xd, rows, k, threads);
+            // The lower triangle of X^T X, blocked (one GEMM); independent of the threads.
+            pn_format::gptq_linalg::accumulate_lower_gram(g, &xd, rows, k, threads.clamp(1, 16));
         }
     }
-}
-
-/// `g[i, ..=i] += sum_t x_ti x_t[..=i]` for `x` `[rows, k]`; rows of `g` dealt round-robin to
-/// `threads` threads (each row's sum runs over t in order, so the thread count changes nothing).
-fn accumulate_gram(g: &mut [f64], x: &[f64], rows: usize, k: usize, threads: usize) {
-    let threads = threads.clamp(1, 16).min(k.max(1));
-    let mut parts: Vec<Vec<(usize, &mut [f64])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, row) in g.chunks_exact_mut(k).enumerate() {
-        parts[i % threads].push((i, row));
-    }
-    let work = |part: Vec<(usize, &mut [f64])>| {
-        for (i, row) in part {
-            let row = &mut row[..=i];
-            for t in 0..rows {
-                let xt = &x[t * k..t * k + i + 1];
-                let xi = xt[i];
-                for (d, &v) in row.iter_mut().zip(xt) {
-                    *d += xi * v;
-                }
-            }
-        }
-    };
-    if threads == 1 {
-        for p in parts {
-            work(p);
-        }
-        return;
-    }
-    std::thread::scope(|s| {
-        for p in parts {
-            s.spawn(|| work(p));
-        }
-    });
 }
 
 /// Progress of a calibration run: tokens done of the total.

@@ -85,8 +85,18 @@ pub struct Workers<'a> {
     pub advance: &'a (dyn Fn(u64) + Sync),
 }
 
-/// Rows per unit of work (cancel and progress granularity).
+/// Rows per unit of work (cancel and progress granularity) for rows of up to
+/// [`WIDE_ROW`] weights.
 const ROWS_PER_TASK: usize = 16;
+
+/// Row length from which a task takes [`WIDE_ROWS_PER_TASK`] rows: every task streams the
+/// whole factor `U` (`k * k / 2` f64, 1.2 GB at the 27B `ffn_down`'s k = 17408) through its
+/// trailing updates once, so wide rows need more rows per pass; the task's f64 working copy is
+/// `rows * k * 8` bytes (8.9 MB at 64 x 17408).
+const WIDE_ROW: usize = 4096;
+
+/// Rows per task for rows longer than [`WIDE_ROW`].
+const WIDE_ROWS_PER_TASK: usize = 64;
 
 /// Encodes every row of a PN tensor with `how`; returns the bytes and the error sums (rotated
 /// basis, which has the original basis's norms). With `hessian` (`[k, k]`, rotated basis) the
@@ -106,10 +116,16 @@ pub fn encode_tensor(
     };
     let (k, rows, orb) = (enc.k, input.rows, enc.out_row_bytes());
     let mut out = vec![0u8; rows * orb];
+    // Rows are independent, so the task size changes no byte.
+    let per_task = if k > WIDE_ROW {
+        WIDE_ROWS_PER_TASK
+    } else {
+        ROWS_PER_TASK
+    };
     let tasks: Vec<(usize, &mut [u8])> = out
-        .chunks_mut(ROWS_PER_TASK * orb)
+        .chunks_mut(per_task * orb)
         .enumerate()
-        .map(|(i, c)| (i * ROWS_PER_TASK, c))
+        .map(|(i, c)| (i * per_task, c))
         .collect();
     let threads = workers.threads.clamp(1, tasks.len().max(1));
     let mut per: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
@@ -344,9 +360,11 @@ fn gptq_encode(
     let entry = match factors.remove(&idx) {
         Some(e) => e,
         None => {
-            let f = GptqFactor::new(h, st.k, damp).map_err(|e| QuantizeError::Codec {
-                tensor: name.to_string(),
-                msg: format!("GPTQ Hessian of its input: {e}"),
+            let f = GptqFactor::new_threaded(h, st.k, damp, workers.threads).map_err(|e| {
+                QuantizeError::Codec {
+                    tensor: name.to_string(),
+                    msg: format!("GPTQ Hessian of its input: {e}"),
+                }
             })?;
             (std::sync::Arc::new(f), st.names.len())
         }
