@@ -16,8 +16,9 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF (refused if it exists, unless --force).
     pub output: PathBuf,
-    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, all-q3_K,
-    /// all-q4_K, all-q8_0.
+    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, q3k-m+N
+    /// (llama.cpp's Q3_K_M recipe + N measured K-quant steps), q3k-m@B (steps up to B bytes
+    /// per 2-D weight), all-q3_K, all-q4_K, all-q8_0.
     #[arg(long, default_value = "P0k+19")]
     pub mix: String,
     /// Number of pn3t tensors promoted to pn4t (overrides the mix's N; 0 = none).
