@@ -242,20 +242,26 @@ fn blockwise_dot(dec: Decoder, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Appends the encoding of `src` as type `ty` to `dst`.
-pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), QuantError> {
+/// Checks that `n` elements are whole `ty` blocks and reserves their encoding in `dst`.
+fn reserve_blocks(ty: GgmlType, n: usize, dst: &mut Vec<u8>) -> Result<(), QuantError> {
     let blck = ty.block_size();
-    if !QUANTIZABLE.contains(&ty) {
-        return Err(QuantError::Unsupported { ty, op: "quantize" });
-    }
-    if !src.len().is_multiple_of(blck) {
+    if !n.is_multiple_of(blck) {
         return Err(QuantError::NotBlockMultiple {
             ty,
-            n: src.len(),
+            n,
             block_size: blck,
         });
     }
-    dst.reserve(src.len() / blck * ty.type_size());
+    dst.reserve(n / blck * ty.type_size());
+    Ok(())
+}
+
+/// Appends the encoding of `src` as type `ty` to `dst`.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), QuantError> {
+    if !QUANTIZABLE.contains(&ty) {
+        return Err(QuantError::Unsupported { ty, op: "quantize" });
+    }
+    reserve_blocks(ty, src.len(), dst)?;
     match ty {
         GgmlType::F32 => fp::quantize_f32(src, dst),
         GgmlType::F16 => fp::quantize_f16(src, dst),
@@ -307,15 +313,7 @@ pub fn quantize_row_weighted(
     if !WEIGHTED.contains(&ty) {
         return quantize_row(ty, src, dst);
     }
-    let blck = ty.block_size();
-    if !src.len().is_multiple_of(blck) {
-        return Err(QuantError::NotBlockMultiple {
-            ty,
-            n: src.len(),
-            block_size: blck,
-        });
-    }
-    dst.reserve(src.len() / blck * ty.type_size());
+    reserve_blocks(ty, src.len(), dst)?;
     kquantize_w::quantize_weighted(ty, src, importance, dst);
     Ok(())
 }

@@ -127,7 +127,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", summary.report_table());
     }
     if !summary.promoted.is_empty() {
-        println!("promoted to pn4t: {}", summary.promoted.join(", "));
+        // q3k-m mixes promote up the K-quant ladder, the PN mixes from pn3t to pn4t.
+        let to = if summary.mix.starts_with("q3k-m") {
+            "one K-quant step up"
+        } else {
+            "to pn4t"
+        };
+        println!("promoted {to}: {}", summary.promoted.join(", "));
     }
     print!("{}", summary.fallback_table());
     print!("{}", summary.size_table());
