@@ -153,7 +153,7 @@ fn bad_lengths_and_pn_types_are_errors() {
     ));
     let mut v = Vec::new();
     assert!(matches!(
-        quantize_row(GgmlType::Q5K, &out, &mut v),
+        quantize_row(GgmlType::Q2K, &out, &mut v),
         Err(QuantError::Unsupported { .. })
     ));
 }

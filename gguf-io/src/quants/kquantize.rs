@@ -98,7 +98,7 @@ fn fit_symmetric(x: &[f32], nneg: i32, npos: i32) -> f32 {
 }
 
 /// Reads back an f16 just stored, so later steps use exactly the value the decoder will see.
-fn stored_f16(x: f32) -> (u16, f32) {
+pub(crate) fn stored_f16(x: f32) -> (u16, f32) {
     let bits = f32_to_f16_bits(x);
     (bits, f16_at(&bits.to_le_bytes(), 0))
 }
@@ -141,18 +141,16 @@ pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut Vec<u8>) {
                 };
             }
         }
-        dst.extend_from_slice(&d_bits.to_le_bytes());
-        dst.extend_from_slice(&dmin_bits.to_le_bytes());
-        let mut scales = [0u8; 12];
-        for j in 0..4 {
-            scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-            scales[j + 4] = mq[j] | ((mq[j + 4] >> 4) << 6);
-            scales[j + 8] = (sc[j + 4] & 15) | ((mq[j + 4] & 15) << 4);
-        }
-        dst.extend_from_slice(&scales);
-        for c in 0..4 {
-            dst.extend((0..32).map(|l| q[64 * c + l] | (q[64 * c + 32 + l] << 4)));
-        }
+        pack_q4_k(
+            &QuantBlockAsym {
+                d_bits,
+                dmin_bits,
+                sc,
+                mq,
+            },
+            &q,
+            dst,
+        );
     }
 }
 
@@ -182,19 +180,7 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut Vec<u8>) {
             };
             *ue = (q + 32) as u8;
         }
-        let mut ql = [0u8; 128];
-        let mut qh = [0u8; 64];
-        for (e, &ue) in u.iter().enumerate() {
-            let (h, r) = (e / 128, e % 128);
-            let (k, l) = (r / 32, r % 32);
-            let idx = 64 * h + 32 * (k & 1) + l;
-            ql[idx] |= if k < 2 { ue & 15 } else { (ue & 15) << 4 };
-            qh[32 * h + l] |= (ue >> 4) << (2 * k);
-        }
-        dst.extend_from_slice(&ql);
-        dst.extend_from_slice(&qh);
-        dst.extend(sc.iter().map(|&v| v as u8));
-        dst.extend_from_slice(&d_bits.to_le_bytes());
+        pack_q6_k(d_bits, &sc, &u, dst);
     }
 }
 
@@ -214,36 +200,115 @@ pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut Vec<u8>) {
                 0
             };
         }
-        let mut hmask = [0u8; 32];
-        let mut qs = [0u8; 64];
-        for e in 0..QK_K {
+        let mut u = [0u8; QK_K];
+        for (e, ue) in u.iter_mut().enumerate() {
             let step = d * sc[e / 16] as f32;
             let q = if step != 0.0 {
                 (x[e] / step).round().clamp(-4.0, 3.0) as i32
             } else {
                 0
             };
-            let u = (q + 4) as u8;
-            let (h, r) = (e / 128, e % 128);
-            let (j, l) = (r / 32, r % 32);
-            qs[32 * h + l] |= (u & 3) << (2 * j);
-            if u >= 4 {
-                hmask[l] |= 1 << (4 * h + j);
-            }
+            *ue = (q + 4) as u8;
         }
-        let mut scales = [0u8; 12];
-        for j in 0..16 {
-            let u = (sc[j] as i32 + 32) as u8;
-            if j < 8 {
-                scales[j] |= u & 15;
-            } else {
-                scales[j - 8] |= (u & 15) << 4;
-            }
-            scales[8 + j % 4] |= (u >> 4) << (2 * (j / 4));
-        }
-        dst.extend_from_slice(&hmask);
-        dst.extend_from_slice(&qs);
-        dst.extend_from_slice(&scales);
-        dst.extend_from_slice(&d_bits.to_le_bytes());
+        pack_q3_k(d_bits, &sc, &u, dst);
     }
+}
+
+/// The two f16 scales and the 6-bit sub-block scales and mins of one Q4_K/Q5_K super-block.
+pub(crate) struct QuantBlockAsym {
+    /// f16 bits of the scale of the sub-block scales.
+    pub d_bits: u16,
+    /// f16 bits of the scale of the sub-block mins.
+    pub dmin_bits: u16,
+    /// Sub-block scales, `0..=63`, one per 32 weights.
+    pub sc: [u8; 8],
+    /// Sub-block mins, `0..=63`.
+    pub mq: [u8; 8],
+}
+
+/// The 12-byte packing of eight 6-bit scales and eight 6-bit mins (Q4_K and Q5_K).
+fn pack_scales_mins(sc: &[u8; 8], mq: &[u8; 8]) -> [u8; 12] {
+    let mut scales = [0u8; 12];
+    for j in 0..4 {
+        scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        scales[j + 4] = mq[j] | ((mq[j + 4] >> 4) << 6);
+        scales[j + 8] = (sc[j + 4] & 15) | ((mq[j + 4] & 15) << 4);
+    }
+    scales
+}
+
+/// Appends one Q4_K super-block: levels `q` `[256]` in `0..=15`.
+pub(crate) fn pack_q4_k(b: &QuantBlockAsym, q: &[u8; QK_K], dst: &mut Vec<u8>) {
+    dst.extend_from_slice(&b.d_bits.to_le_bytes());
+    dst.extend_from_slice(&b.dmin_bits.to_le_bytes());
+    dst.extend_from_slice(&pack_scales_mins(&b.sc, &b.mq));
+    for c in 0..4 {
+        dst.extend((0..32).map(|l| q[64 * c + l] | (q[64 * c + 32 + l] << 4)));
+    }
+}
+
+/// Appends one Q5_K super-block: levels `q` `[256]` in `0..=31` (low nibbles as Q4_K, the
+/// fifth bit of element `64c + l` in bit `2c` of `qh[l]`, of `64c + 32 + l` in bit `2c + 1`).
+pub(crate) fn pack_q5_k(b: &QuantBlockAsym, q: &[u8; QK_K], dst: &mut Vec<u8>) {
+    dst.extend_from_slice(&b.d_bits.to_le_bytes());
+    dst.extend_from_slice(&b.dmin_bits.to_le_bytes());
+    dst.extend_from_slice(&pack_scales_mins(&b.sc, &b.mq));
+    let mut qh = [0u8; 32];
+    for c in 0..4 {
+        for l in 0..32 {
+            qh[l] |= ((q[64 * c + l] >> 4) & 1) << (2 * c);
+            qh[l] |= ((q[64 * c + 32 + l] >> 4) & 1) << (2 * c + 1);
+        }
+    }
+    dst.extend_from_slice(&qh);
+    for c in 0..4 {
+        dst.extend((0..32).map(|l| (q[64 * c + l] & 15) | ((q[64 * c + 32 + l] & 15) << 4)));
+    }
+}
+
+/// Appends one Q6_K super-block: signed sub-block scales `sc` `[16]`, levels `u` `[256]` in
+/// `0..=63` (the code plus 32).
+pub(crate) fn pack_q6_k(d_bits: u16, sc: &[i8; 16], u: &[u8; QK_K], dst: &mut Vec<u8>) {
+    let mut ql = [0u8; 128];
+    let mut qh = [0u8; 64];
+    for (e, &ue) in u.iter().enumerate() {
+        let (h, r) = (e / 128, e % 128);
+        let (k, l) = (r / 32, r % 32);
+        let idx = 64 * h + 32 * (k & 1) + l;
+        ql[idx] |= if k < 2 { ue & 15 } else { (ue & 15) << 4 };
+        qh[32 * h + l] |= (ue >> 4) << (2 * k);
+    }
+    dst.extend_from_slice(&ql);
+    dst.extend_from_slice(&qh);
+    dst.extend(sc.iter().map(|&v| v as u8));
+    dst.extend_from_slice(&d_bits.to_le_bytes());
+}
+
+/// Appends one Q3_K super-block: signed sub-block scales `sc` `[16]` in `-32..=31`, levels `u`
+/// `[256]` in `0..=7` (the code plus 4).
+pub(crate) fn pack_q3_k(d_bits: u16, sc: &[i8; 16], u: &[u8; QK_K], dst: &mut Vec<u8>) {
+    let mut hmask = [0u8; 32];
+    let mut qs = [0u8; 64];
+    for (e, &ue) in u.iter().enumerate() {
+        let (h, r) = (e / 128, e % 128);
+        let (j, l) = (r / 32, r % 32);
+        qs[32 * h + l] |= (ue & 3) << (2 * j);
+        if ue >= 4 {
+            hmask[l] |= 1 << (4 * h + j);
+        }
+    }
+    let mut scales = [0u8; 12];
+    for j in 0..16 {
+        let u = (sc[j] as i32 + 32) as u8;
+        if j < 8 {
+            scales[j] |= u & 15;
+        } else {
+            scales[j - 8] |= (u & 15) << 4;
+        }
+        scales[8 + j % 4] |= (u >> 4) << (2 * (j / 4));
+    }
+    dst.extend_from_slice(&hmask);
+    dst.extend_from_slice(&qs);
+    dst.extend_from_slice(&scales);
+    dst.extend_from_slice(&d_bits.to_le_bytes());
 }

@@ -11,7 +11,9 @@
 //!   once (AVX2 when the CPU has it); tested against [`reference::vec_dot_f32_multi`].
 //! * [`quantize_activations`] + [`vec_dot_q`]: the int8-activation path (Q8_K for K-quants,
 //!   Q8_0 for Q4_0/Q8_0), as ggml's CPU backend does it.
-//! * [`quantize_row`]: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q6_K.
+//! * [`quantize_row`]: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K.
+//! * [`quantize_row_weighted`]: Q3_K, Q4_K, Q5_K, Q6_K, Q8_0 minimising an importance-weighted
+//!   error (an imatrix); other types as [`quantize_row`].
 //!
 //! The PN types are decoded by `pn-format`; here they are `QuantError::Unsupported`.
 
@@ -21,6 +23,7 @@ mod iq1_grid;
 mod iq_tables;
 mod iquants;
 mod kquantize;
+mod kquantize_w;
 mod kquants;
 mod legacy;
 mod multi;
@@ -128,6 +131,7 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q8_0,
     GgmlType::Q3K,
     GgmlType::Q4K,
+    GgmlType::Q5K,
     GgmlType::Q6K,
 ];
 
@@ -242,20 +246,26 @@ fn blockwise_dot(dec: Decoder, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Appends the encoding of `src` as type `ty` to `dst`.
-pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), QuantError> {
+/// Checks that `n` elements are whole `ty` blocks and reserves their encoding in `dst`.
+fn reserve_blocks(ty: GgmlType, n: usize, dst: &mut Vec<u8>) -> Result<(), QuantError> {
     let blck = ty.block_size();
-    if !QUANTIZABLE.contains(&ty) {
-        return Err(QuantError::Unsupported { ty, op: "quantize" });
-    }
-    if !src.len().is_multiple_of(blck) {
+    if !n.is_multiple_of(blck) {
         return Err(QuantError::NotBlockMultiple {
             ty,
-            n: src.len(),
+            n,
             block_size: blck,
         });
     }
-    dst.reserve(src.len() / blck * ty.type_size());
+    dst.reserve(n / blck * ty.type_size());
+    Ok(())
+}
+
+/// Appends the encoding of `src` as type `ty` to `dst`.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), QuantError> {
+    if !QUANTIZABLE.contains(&ty) {
+        return Err(QuantError::Unsupported { ty, op: "quantize" });
+    }
+    reserve_blocks(ty, src.len(), dst)?;
     match ty {
         GgmlType::F32 => fp::quantize_f32(src, dst),
         GgmlType::F16 => fp::quantize_f16(src, dst),
@@ -267,9 +277,48 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), 
         GgmlType::Q8_0 => legacy::quantize_q8_0(src, dst),
         GgmlType::Q3K => kquantize::quantize_q3_k(src, dst),
         GgmlType::Q4K => kquantize::quantize_q4_k(src, dst),
+        // No separate unweighted Q5_K search: the weighted one with uniform weights.
+        GgmlType::Q5K => kquantize_w::quantize_weighted(ty, src, &vec![1.0; src.len()], dst),
         GgmlType::Q6K => kquantize::quantize_q6_k(src, dst),
         _ => unreachable!("checked against QUANTIZABLE"),
     }
+    Ok(())
+}
+
+/// The types [`quantize_row_weighted`] weights (the others it quantizes as [`quantize_row`]).
+pub const WEIGHTED: &[GgmlType] = &[
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8_0,
+];
+
+/// Quantizes `src` like [`quantize_row`], but for the [`WEIGHTED`] types chooses each block's
+/// scales, mins and codes to minimise `sum_i importance[i] * (src[i] - decoded[i])^2` (e.g. an
+/// imatrix's mean squared activation per input column, repeated for every row). Per block the
+/// result is never worse on that error than [`quantize_row`]'s (it is one of the candidates).
+/// Negative or non-finite importances count as 0; a block of all-zero importance is weighted
+/// uniformly. `importance.len()` must equal `src.len()`.
+pub fn quantize_row_weighted(
+    ty: GgmlType,
+    src: &[f32],
+    importance: &[f32],
+    dst: &mut Vec<u8>,
+) -> Result<(), QuantError> {
+    if importance.len() != src.len() {
+        return Err(QuantError::Length {
+            ty,
+            what: "importance",
+            expected: src.len(),
+            got: importance.len(),
+        });
+    }
+    if !WEIGHTED.contains(&ty) {
+        return quantize_row(ty, src, dst);
+    }
+    reserve_blocks(ty, src.len(), dst)?;
+    kquantize_w::quantize_weighted(ty, src, importance, dst);
     Ok(())
 }
 

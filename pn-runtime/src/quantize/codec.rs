@@ -103,6 +103,11 @@ pub struct RowEncoder {
     /// True when the stock target's block does not divide K: the row is zero-padded to whole
     /// blocks, quantized, decoded, and written as F32 (a quality stand-in, see the summary).
     pub simulated: bool,
+    /// Per-column importance `[k]` (original basis, e.g. an imatrix's mean squared activation)
+    /// that a stock K-quant/Q8_0 encoding minimises the weighted error of
+    /// (`gguf_io::quants::quantize_row_weighted`); `None`: the unweighted quantizer. PN targets
+    /// ignore it (their calibrated encoders live in `calibrated`).
+    pub weights: Option<std::sync::Arc<[f32]>>,
 }
 
 impl RowEncoder {
@@ -151,7 +156,7 @@ impl RowEncoder {
                 };
                 self.encode_pn(pn, row, w, out, measure)
             }
-            None => self.encode_stock(row, w, out, stats),
+            None => self.encode_stock(row, w, out, stats, importance),
         }
     }
 
@@ -211,12 +216,36 @@ impl RowEncoder {
         Ok(())
     }
 
+    /// True when stock rows are encoded with the importance-weighted quantizer.
+    pub fn weighted_stock(&self) -> bool {
+        self.weights.is_some()
+            && !self.target.is_pn()
+            && gguf_io::quants::WEIGHTED.contains(&self.target.ggml())
+    }
+
+    /// Quantizes `x` (a whole number of blocks; `x.len() >= k`, zero padding past `k`) as the
+    /// stock target, weighted when [`Self::weighted_stock`] (padding columns weigh 0).
+    fn quantize_stock(&self, row: u64, x: &[f32], buf: &mut Vec<u8>) -> Result<(), QuantizeError> {
+        let ty = self.target.ggml();
+        match self.weights.as_deref().filter(|_| self.weighted_stock()) {
+            Some(imp) => {
+                let mut iw = vec![0f32; x.len()];
+                let n = imp.len().min(x.len());
+                iw[..n].copy_from_slice(&imp[..n]);
+                gguf_io::quants::quantize_row_weighted(ty, x, &iw, buf)
+            }
+            None => gguf_io::quants::quantize_row(ty, x, buf),
+        }
+        .map_err(|e| self.codec_err(row, e))
+    }
+
     fn encode_stock(
         &self,
         row: u64,
         w: &mut [f32],
         out: &mut [u8],
         stats: Option<&mut ErrStats>,
+        importance: Option<&[f32]>,
     ) -> Result<(), QuantizeError> {
         let ty = self.target.ggml();
         if matches!(ty, GgmlType::F32) {
@@ -234,7 +263,7 @@ impl RowEncoder {
         let decoded: Option<Vec<f32>> = if self.simulated {
             let mut p = w.to_vec();
             p.resize(padded_len, 0.0);
-            gguf_io::quants::quantize_row(ty, &p, &mut buf).map_err(|e| self.codec_err(row, e))?;
+            self.quantize_stock(row, &p, &mut buf)?;
             let mut d = vec![0f32; padded_len];
             gguf_io::quants::dequantize_row(ty, &buf, &mut d)
                 .map_err(|e| self.codec_err(row, e))?;
@@ -244,7 +273,7 @@ impl RowEncoder {
             }
             Some(d)
         } else {
-            gguf_io::quants::quantize_row(ty, w, &mut buf).map_err(|e| self.codec_err(row, e))?;
+            self.quantize_stock(row, w, &mut buf)?;
             if buf.len() != out.len() {
                 return Err(self.codec_err(
                     row,
@@ -266,6 +295,11 @@ impl RowEncoder {
             let e = diff_sq(w, &d);
             s.e2 += e;
             s.e2_unrotated += e;
+            if let Some(imp) = importance {
+                s.w2_weighted += weighted_sq(w, imp);
+                let err: Vec<f32> = w.iter().zip(&d).map(|(a, b)| a - b).collect();
+                s.e2_weighted += weighted_sq(&err, imp);
+            }
         }
         Ok(())
     }
@@ -328,6 +362,7 @@ mod tests {
             k,
             rotation: Some(64),
             simulated: false,
+            weights: None,
         };
         let mut out = vec![0u8; enc.out_row_bytes()];
         let mut work = w.clone();
@@ -367,6 +402,7 @@ mod tests {
             k,
             rotation: None,
             simulated: true,
+            weights: None,
         };
         assert_eq!(enc.out_type(), GgmlType::F32);
         let mut out = vec![0u8; enc.out_row_bytes()];

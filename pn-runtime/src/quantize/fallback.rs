@@ -36,7 +36,9 @@ impl FallbackPolicy {
     pub fn default_for(kind: MixKind) -> FallbackPolicy {
         match kind {
             MixKind::P0k | MixKind::AllPn4t => FallbackPolicy::Real,
-            MixKind::Q3kLike | MixKind::AllStock(_) => FallbackPolicy::Simulate,
+            MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_) | MixKind::AllStock(_) => {
+                FallbackPolicy::Simulate
+            }
         }
     }
 
@@ -103,6 +105,7 @@ pub fn encoder_for(tensor: &str, k: usize, target: Target, rotation: Option<usiz
         k,
         rotation: if target.is_pn() { rotation } else { None },
         simulated: false,
+        weights: None,
     }
 }
 
@@ -121,6 +124,7 @@ pub fn choose(
         k,
         rotation: None,
         simulated: true,
+        weights: None,
     };
     let intended_rel = measure(&sim)?.rel();
     let cands = candidates(k, rotation);

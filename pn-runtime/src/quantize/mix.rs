@@ -162,6 +162,12 @@ pub enum MixKind {
     /// The stock stand-in of P0k at about the same size: Q3_K where P0k has pn3t, Q4_K where it
     /// has pn4t; everything else as P0k.
     Q3kLike,
+    /// llama.cpp's Q3_K_M type recipe, then `promote` measured steps up the K-quant ladder
+    /// ([`super::kmix`]): `q3k-m+N`.
+    Q3kM,
+    /// The Q3_K_M recipe, then measured steps up the ladder while the bytes per 2-D weight stay
+    /// at or under this many millionths of a byte: `q3k-m@0.609`.
+    Q3kMBudget(u32),
     /// Every matrix in one stock type (alpha/beta Q8_0, vectors F32).
     AllStock(GgmlType),
 }
@@ -184,8 +190,8 @@ impl Mix {
         }
     }
 
-    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `pn4t`, `q3k-like`, `all-q3_K`,
-    /// `all-q4_K`, `all-q8_0` (case-insensitive).
+    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `pn4t`, `q3k-like`, `q3k-m+N`,
+    /// `q3k-m@BYTES_PER_WEIGHT`, `all-q3_K`, `all-q4_K`, `all-q8_0` (case-insensitive).
     pub fn parse(name: &str) -> Result<Mix, QuantizeError> {
         let lower = name.to_ascii_lowercase();
         let bad = || QuantizeError::UnknownMix(name.to_string());
@@ -194,9 +200,24 @@ impl Mix {
             "p0k" => kind_only(MixKind::P0k),
             "pn4t" | "all-pn4t" => kind_only(MixKind::AllPn4t),
             "q3k-like" => kind_only(MixKind::Q3kLike),
+            "q3k-m" => kind_only(MixKind::Q3kM),
             "all-q3_k" | "all-q3k" => kind_only(MixKind::AllStock(GgmlType::Q3K)),
             "all-q4_k" | "all-q4k" => kind_only(MixKind::AllStock(GgmlType::Q4K)),
             "all-q8_0" | "all-q8" => kind_only(MixKind::AllStock(GgmlType::Q8_0)),
+            _ if lower.starts_with("q3k-m@") => {
+                let b: f64 = lower["q3k-m@".len()..].parse().map_err(|_| bad())?;
+                if !(b.is_finite() && b > 0.0 && b < 100.0) {
+                    return Err(bad());
+                }
+                kind_only(MixKind::Q3kMBudget((b * 1e6).round() as u32))
+            }
+            _ if lower.starts_with("q3k-m+") => {
+                let promote = lower["q3k-m+".len()..].parse().map_err(|_| bad())?;
+                Ok(Mix {
+                    kind: MixKind::Q3kM,
+                    promote,
+                })
+            }
             _ => {
                 let n = lower.strip_prefix("p0k+").ok_or_else(bad)?;
                 let promote = n.parse::<usize>().map_err(|_| bad())?;
@@ -230,8 +251,12 @@ impl Mix {
             (_, Role::SsmAlphaBeta) => stock(G::Q8_0),
             (MixKind::P0k, Role::ResidualReader) => Target::Pn3t,
             (MixKind::P0k | MixKind::AllPn4t, _) => Target::Pn4t,
-            (MixKind::Q3kLike, Role::ResidualReader) => stock(G::Q3K),
-            (MixKind::Q3kLike, _) => stock(G::Q4K),
+            // The q3k-m recipe is per tensor name (`kmix::recipe_type`); by role it starts as
+            // q3k-like.
+            (MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_), Role::ResidualReader) => {
+                stock(G::Q3K)
+            }
+            (MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_), _) => stock(G::Q4K),
         }
     }
 }
@@ -243,6 +268,8 @@ impl fmt::Display for Mix {
             MixKind::P0k => write!(f, "P0k+{}", self.promote),
             MixKind::AllPn4t => write!(f, "pn4t"),
             MixKind::Q3kLike => write!(f, "q3k-like"),
+            MixKind::Q3kM => write!(f, "q3k-m+{}", self.promote),
+            MixKind::Q3kMBudget(b) => write!(f, "q3k-m@{}", f64::from(b) / 1e6),
             MixKind::AllStock(t) => write!(f, "all-{}", t.name()),
         }
     }
@@ -289,12 +316,26 @@ mod tests {
 
     #[test]
     fn mix_names_round_trip() {
-        for n in ["P0k+19", "P0k", "pn4t", "q3k-like", "all-q8_0"] {
+        for n in [
+            "P0k+19",
+            "P0k",
+            "pn4t",
+            "q3k-like",
+            "all-q8_0",
+            "q3k-m+7",
+            "q3k-m@0.609",
+        ] {
             let m = Mix::parse(n).unwrap();
             assert_eq!(Mix::parse(&m.to_string()).unwrap(), m, "{n}");
         }
         assert_eq!(Mix::parse("p0k+7").unwrap().promote, 7);
         assert!(Mix::parse("P0k+x").is_err());
+        assert_eq!(Mix::parse("q3k-m").unwrap().kind, MixKind::Q3kM);
+        assert_eq!(
+            Mix::parse("q3k-m@0.609").unwrap().kind,
+            MixKind::Q3kMBudget(609_000)
+        );
+        assert!(Mix::parse("q3k-m@x").is_err() && Mix::parse("q3k-m@-1").is_err());
         assert_eq!(Mix::p0k19().target(Role::ResidualReader), Target::Pn3t);
         assert_eq!(Mix::p0k19().target(Role::AttnKv), Target::Pn4t);
         assert_eq!(

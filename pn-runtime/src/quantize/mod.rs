@@ -23,6 +23,7 @@ pub mod error;
 pub mod eval;
 pub mod fallback;
 pub mod imatrix;
+pub mod kmix;
 pub mod mix;
 pub mod output;
 pub mod parallel;
@@ -65,6 +66,12 @@ pub const KEY_QUANTIZER_METHOD: &str = "pn.quantizer.method";
 pub const KEY_QUANTIZER_TOKENS: &str = "pn.quantizer.calib_tokens";
 /// Metadata key: sha256 (hex) of the calibration text (only with calibration text).
 pub const KEY_QUANTIZER_HASH: &str = "pn.quantizer.calib_sha256";
+/// Metadata key: how the stock K-quant/Q8_0 tensors were encoded, `imatrix` when an importance
+/// matrix weighted them (`gguf_io::quants::quantize_row_weighted`); absent when none was.
+pub const KEY_QUANTIZER_KQUANT: &str = "pn.quantizer.kquant_method";
+/// Metadata key: how many stock tensors the importance matrix weighted (u32; with
+/// [`KEY_QUANTIZER_KQUANT`]).
+pub const KEY_QUANTIZER_KQUANT_TENSORS: &str = "pn.quantizer.kquant_weighted";
 /// Metadata key: K-quant tensors stored in a real fallback type, as `name=q3_K->pn4t` strings
 /// (string array; only present when there are any).
 pub const KEY_FALLBACK: &str = "pn.fallback";
@@ -192,6 +199,8 @@ pub fn quantize_model(
                     .find(|t| t.name() == n)
                     .map(|t| t.encoder.k)
             })?;
+            // The stock K-quant/Q8_0 tensors it covers are encoded importance-weighted.
+            plan::set_stock_weights(&mut plan, &imp);
             Some(imp)
         }
         None => None,
@@ -216,6 +225,7 @@ pub fn quantize_model(
         cancel,
     };
     resolve_fallbacks(&pass, &mut plan)?;
+    let climbed = climb_ladder(&pass, &mut plan, &mix, importance.as_ref())?;
     let ranking = Ranking {
         output: &opts.output,
         n: mix.effective_promote(),
@@ -223,8 +233,11 @@ pub fn quantize_model(
         report: opts.report,
     };
     let ranked = promote(&pass, &mut plan, &ranking)?;
-    let promoted = ranked.promoted.clone();
-    let mix_name = if mix.kind == MixKind::P0k {
+    let mut promoted = ranked.promoted.clone();
+    promoted.extend(climbed.iter().flatten().map(|s| s.name.clone()));
+    let mix_name = if let Some(steps) = &climbed {
+        format!("q3k-m+{}", steps.len())
+    } else if mix.kind == MixKind::P0k {
         Mix {
             kind: MixKind::P0k,
             promote: promoted.len(),
@@ -272,6 +285,20 @@ pub fn quantize_model(
             w.add_metadata(KEY_QUANTIZER_HASH, Value::String(hash.clone()))
                 .map_err(write_err)?;
         }
+    }
+    let kquant_weighted = plan
+        .tensors
+        .iter()
+        .filter(|t| t.encoder.weighted_stock())
+        .count();
+    if kquant_weighted > 0 {
+        w.add_metadata(KEY_QUANTIZER_KQUANT, Value::String("imatrix".into()))
+            .map_err(write_err)?;
+        w.add_metadata(
+            KEY_QUANTIZER_KQUANT_TENSORS,
+            Value::U32(kquant_weighted as u32),
+        )
+        .map_err(write_err)?;
     }
     w.add_metadata(
         KEY_PROMOTED,
@@ -531,13 +558,45 @@ fn resolve_fallbacks(pass: &Pass<'_>, plan: &mut plan::ModelPlan) -> Result<(), 
         let choice = fallback::choose(t.name(), t.encoder.k, intended, plan.rotation, |enc| {
             let mut probe = t.clone();
             probe.encoder = enc.clone();
+            // The importance weighting of a stock type carries to its stock candidates.
+            probe.encoder.weights = t.encoder.weights.clone();
             encode_one(pass, &probe, false, false, None).map(|r| r.1)
         })?;
         let t = &mut plan.tensors[i];
+        let weights = t.encoder.weights.take();
         t.encoder = fallback::encoder_for(t.name(), t.encoder.k, choice.chosen, plan.rotation);
+        t.encoder.weights = weights.filter(|_| !choice.chosen.is_pn());
         t.fallback = Some(choice);
     }
     Ok(())
+}
+
+/// For the `q3k-m` mixes, climbs the K-quant ladder ([`kmix::climb`]) by each tensor's measured
+/// (importance-weighted, with an imatrix) relative error; `None` for the other mixes.
+fn climb_ladder(
+    pass: &Pass<'_>,
+    plan: &mut plan::ModelPlan,
+    mix: &Mix,
+    importance: Option<&imatrix::Importance>,
+) -> Result<Option<Vec<kmix::Step>>, QuantizeError> {
+    let limit = match mix.kind {
+        MixKind::Q3kM => kmix::Climb::Steps(mix.promote),
+        MixKind::Q3kMBudget(b) => kmix::Climb::Budget(f64::from(b) / 1e6),
+        _ => return Ok(None),
+    };
+    (pass.progress)(Progress::Phase {
+        label: "ranking",
+        total_bytes: plan.tensors.iter().map(|t| t.in_bytes).sum(),
+    });
+    let steps = kmix::climb(plan, limit, |t| {
+        (pass.progress)(Progress::Tensor { name: t.name() });
+        let imp = importance
+            .and_then(|m| m.get(t.name()))
+            .filter(|v| v.len() == t.encoder.k)
+            .map(|v| v.as_slice());
+        encode_one(pass, t, false, false, imp).map(|r| r.1)
+    })?;
+    Ok(Some(steps))
 }
 
 /// What the ranking pass leaves behind: the promoted names, and the encoded bytes of every

@@ -4,6 +4,7 @@
 use super::codec::{input_supported, RowEncoder};
 use super::error::QuantizeError;
 use super::fallback::{FallbackChoice, FallbackPolicy};
+use super::kmix;
 use super::mix::{classify, Mix, Role, Target};
 use super::rotation::{self, RotationChoice};
 use super::source::InputModel;
@@ -102,6 +103,14 @@ pub fn make_plan(
 ) -> Result<ModelPlan, QuantizeError> {
     let hidden = check_arch(file, path)?;
     let mut tensors = Vec::new();
+    // The q3k-m recipe counts layers as llama.cpp does (by its `ffn_down` tensors) and the
+    // `attn_v` tensors in file order.
+    let n_ffn_down = file
+        .tensor_infos()
+        .iter()
+        .filter(|i| i.name.contains("ffn_down"))
+        .count();
+    let mut attn_v_seen = 0;
     for info in file.tensor_infos() {
         let name = info.name.clone();
         if !input_supported(info.ty) {
@@ -111,7 +120,11 @@ pub fn make_plan(
             });
         }
         let role = classify(&name, &info.dims, hidden)?;
-        let target = mix.target(role);
+        let target = if kmix::is_q3km(mix.kind) {
+            Target::Stock(kmix::recipe_type(&name, role, &mut attn_v_seen, n_ffn_down))
+        } else {
+            mix.target(role)
+        };
         let k = info.dims.first().copied().unwrap_or(1);
         let rows: u64 = info.dims.iter().skip(1).product();
         let bs = target.ggml().block_size() as u64;
@@ -152,6 +165,7 @@ pub fn make_plan(
                 k: k as usize,
                 rotation: None,
                 simulated,
+                weights: None,
             },
             promoted: false,
             fallback_from,
@@ -173,4 +187,24 @@ pub fn make_plan(
         tensors,
         rotation: r,
     })
+}
+
+/// Gives every stock K-quant/Q8_0 tensor that `importance` covers (a vector of length K) that
+/// vector as its encoding weights; returns how many tensors it weighted.
+pub fn set_stock_weights(plan: &mut ModelPlan, importance: &super::imatrix::Importance) -> usize {
+    let mut n = 0;
+    for t in &mut plan.tensors {
+        if t.encoder.target.is_pn() {
+            continue;
+        }
+        if let Some(v) = importance.get(t.name()).filter(|v| v.len() == t.encoder.k) {
+            t.encoder.weights = Some(v.as_slice().into());
+            if t.encoder.weighted_stock() {
+                n += 1;
+            } else {
+                t.encoder.weights = None;
+            }
+        }
+    }
+    n
 }

@@ -16,8 +16,9 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF (refused if it exists, unless --force).
     pub output: PathBuf,
-    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, all-q3_K,
-    /// all-q4_K, all-q8_0.
+    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, q3k-m+N
+    /// (llama.cpp's Q3_K_M recipe + N measured K-quant steps), q3k-m@B (steps up to B bytes
+    /// per 2-D weight), all-q3_K, all-q4_K, all-q8_0.
     #[arg(long, default_value = "P0k+19")]
     pub mix: String,
     /// Number of pn3t tensors promoted to pn4t (overrides the mix's N; 0 = none).
@@ -126,7 +127,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", summary.report_table());
     }
     if !summary.promoted.is_empty() {
-        println!("promoted to pn4t: {}", summary.promoted.join(", "));
+        // q3k-m mixes promote up the K-quant ladder, the PN mixes from pn3t to pn4t.
+        let to = if summary.mix.starts_with("q3k-m") {
+            "one K-quant step up"
+        } else {
+            "to pn4t"
+        };
+        println!("promoted {to}: {}", summary.promoted.join(", "));
     }
     print!("{}", summary.fallback_table());
     print!("{}", summary.size_table());

@@ -1,0 +1,216 @@
+//! The stock K-quant side of `pn quantize` on the tiny-qwen35 model: the `q3k-m` mixes
+//! (llama.cpp's Q3_K_M recipe, measured promotions up to a step count or a byte budget) and the
+//! importance-weighted K-quant/Q8_0 encoding with `--imatrix` (lower weighted error than the
+//! unweighted encoding, recorded in `pn.quantizer.kquant_method`).
+
+use gguf_io::{GgmlType, GgufFile};
+use pn_runtime::quantize::imatrix::{Entry, ImatrixData};
+use pn_runtime::quantize::{
+    no_progress, quantize_model, Mix, QuantizeOptions, QuantizeSummary, KEY_QUANTIZER_KQUANT,
+    KEY_QUANTIZER_KQUANT_TENSORS,
+};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+fn tiny() -> PathBuf {
+    pn_tests::tiny("model-f16.gguf")
+}
+
+fn quantize(out: &Path, mix: &str, imatrix: Option<&Path>) -> QuantizeSummary {
+    let mut o = QuantizeOptions::new(tiny(), out);
+    o.threads = 2;
+    o.mix = Mix::parse(mix).unwrap();
+    o.imatrix = imatrix.map(Path::to_path_buf);
+    quantize_model(&o, &no_progress, &AtomicBool::new(false)).unwrap()
+}
+
+/// Bytes per weight over every 2-D tensor (nominal bytes for F32 stand-ins), as the budget
+/// counts them.
+fn bytes_per_weight(s: &QuantizeSummary, input: &GgufFile) -> f64 {
+    let two_d = |name: &str| {
+        input
+            .tensor_infos()
+            .iter()
+            .any(|i| i.name == name && i.dims.len() == 2)
+    };
+    let (b, p) = s
+        .tensors
+        .iter()
+        .filter(|t| two_d(&t.name))
+        .fold((0u64, 0u64), |(b, p), t| {
+            (b + t.nominal_bytes, p + t.params)
+        });
+    b as f64 / p as f64
+}
+
+fn ty_of<'a>(s: &'a QuantizeSummary, name: &str) -> &'a str {
+    s.tensors.iter().find(|t| t.name == name).unwrap().ty
+}
+
+#[test]
+fn q3k_m_follows_the_recipe_then_climbs_within_the_budget() {
+    let d = pn_tests::scratch_dir("pnq-q3km");
+    let input = GgufFile::open(tiny()).unwrap();
+    let base = quantize(&d.join("base.gguf"), "q3k-m+0", None);
+    assert_eq!(base.mix, "q3k-m+0");
+    assert!(base.promoted.is_empty());
+    // llama.cpp's Q3_K_M types (the tiny model's two attention layers take the Q5_K attn_v).
+    assert_eq!(ty_of(&base, "output.weight"), "q6_K");
+    assert_eq!(ty_of(&base, "token_embd.weight"), "q3_K");
+    assert_eq!(ty_of(&base, "blk.0.attn_qkv.weight"), "q4_K");
+    assert_eq!(ty_of(&base, "blk.0.ffn_down.weight"), "q4_K");
+    assert_eq!(ty_of(&base, "blk.0.ffn_up.weight"), "q3_K");
+    assert_eq!(ty_of(&base, "blk.0.ssm_out.weight"), "q3_K");
+    assert_eq!(ty_of(&base, "blk.0.ssm_alpha.weight"), "q8_0");
+    let v: Vec<&str> = base
+        .tensors
+        .iter()
+        .filter(|t| t.name.ends_with("attn_v.weight"))
+        .map(|t| t.ty)
+        .collect();
+    assert!(v.len() >= 2 && v[..2] == ["q5_K", "q5_K"], "{v:?}");
+    // K = 320 is no multiple of 256: F32 stand-ins, counted at the K-quant's nominal size.
+    let sim = base
+        .tensors
+        .iter()
+        .find(|t| t.name == "output.weight")
+        .unwrap();
+    assert!(sim.simulated && sim.nominal_bytes == sim.params * 210 / 256);
+    // K = 768 tiles: a real Q3_K tensor in the file.
+    let f = GgufFile::open(d.join("base.gguf")).unwrap();
+    let real = f
+        .tensor_infos()
+        .iter()
+        .find(|i| i.name == "blk.0.ssm_out.weight")
+        .unwrap();
+    assert_eq!(real.ty, GgmlType::Q3K);
+
+    let b0 = bytes_per_weight(&base, &input);
+    let budget = b0 + 0.04;
+    let mix = format!("q3k-m@{budget}");
+    let up = quantize(&d.join("up.gguf"), &mix, None);
+    let b1 = bytes_per_weight(&up, &input);
+    assert!(
+        b1 <= budget && b1 > b0 + 0.02,
+        "{b0} -> {b1} (budget {budget})"
+    );
+    assert!(!up.promoted.is_empty());
+    assert_eq!(up.mix, format!("q3k-m+{}", up.promoted.len()));
+    // A step count gives the same tensors as the budget that took that many steps.
+    let n = up.promoted.len();
+    let same = quantize(&d.join("same.gguf"), &format!("q3k-m+{n}"), None);
+    assert_eq!(same.promoted, up.promoted);
+    // Every promoted tensor moved up; none moved down.
+    let rank = |t: &str| {
+        ["q3_K", "q4_K", "q5_K", "q6_K", "q8_0"]
+            .iter()
+            .position(|x| *x == t)
+    };
+    for t in &up.tensors {
+        let was = ty_of(&base, &t.name);
+        assert!(rank(t.ty) >= rank(was), "{} {} -> {}", t.name, was, t.ty);
+        assert_eq!(t.ty != was, up.promoted.contains(&t.name), "{}", t.name);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A skewed importance for every matrix of the tiny model: every 7th column 40x the others.
+fn write_skewed_imatrix(path: &Path) -> ImatrixData {
+    let input = GgufFile::open(tiny()).unwrap();
+    let mut data = ImatrixData {
+        datasets: vec!["synthetic".into()],
+        chunk_count: 1,
+        chunk_size: 1,
+        ..Default::default()
+    };
+    for i in input.tensor_infos() {
+        if i.dims.len() != 2 || i.dims[1] <= 1 || i.name.contains("conv1d") {
+            continue;
+        }
+        let k = i.dims[0] as usize;
+        let sums = (0..k)
+            .map(|j| {
+                if j % 7 == 3 {
+                    40.0
+                } else {
+                    1.0 + (j % 5) as f32 * 0.1
+                }
+            })
+            .collect();
+        let e = Entry {
+            sums,
+            counts: vec![1.0],
+        };
+        data.entries.insert(i.name.clone(), e);
+    }
+    data.write(path).unwrap();
+    data
+}
+
+/// `sum imp_j (w_ij - q_ij)^2` of one tensor of `out` against the F16 input.
+fn weighted_error(out: &Path, name: &str, imp: &[f32]) -> f64 {
+    let decode = |p: &Path| {
+        let f = GgufFile::open(p).unwrap();
+        let t = f.tensor(name).unwrap();
+        let k = t.row_len() as usize;
+        let mut v = vec![0f32; t.n_elements() as usize];
+        for (r, dst) in v.chunks_exact_mut(k).enumerate() {
+            gguf_io::quants::dequantize_row(t.ty, t.row(r).unwrap(), dst).unwrap();
+        }
+        v
+    };
+    let (w, q) = (decode(&tiny()), decode(out));
+    w.iter()
+        .zip(&q)
+        .enumerate()
+        .map(|(i, (&a, &b))| f64::from(imp[i % imp.len()]) * (f64::from(a) - f64::from(b)).powi(2))
+        .sum()
+}
+
+#[test]
+fn imatrix_weights_the_kquants_and_is_recorded() {
+    let d = pn_tests::scratch_dir("pnq-kqw");
+    let imat = d.join("imatrix.gguf");
+    let data = write_skewed_imatrix(&imat);
+    let imp = data.importance();
+    let plain = d.join("plain.gguf");
+    let weighted = d.join("weighted.gguf");
+    quantize(&plain, "q3k-m+0", None);
+    quantize(&weighted, "q3k-m+0", Some(&imat));
+    let f = GgufFile::open(&weighted).unwrap();
+    assert_eq!(f.get_str(KEY_QUANTIZER_KQUANT).unwrap(), "imatrix");
+    let n = f.get_u32(KEY_QUANTIZER_KQUANT_TENSORS).unwrap();
+    // Every K-quant matrix and the Q8_0 alpha/beta; token_embd is no matmul input but the
+    // synthetic imatrix names it too.
+    assert!(n >= 20, "{n}");
+    let p = GgufFile::open(&plain).unwrap();
+    assert!(p.get_str(KEY_QUANTIZER_KQUANT).is_err());
+    // Real Q3_K, a Q6_K stand-in, a Q5_K stand-in, a Q4_K stand-in, Q8_0.
+    for name in [
+        "blk.0.ssm_out.weight",
+        "output.weight",
+        "blk.3.attn_v.weight",
+        "blk.0.ffn_up.weight",
+        "blk.0.attn_qkv.weight",
+        "blk.0.ssm_alpha.weight",
+    ] {
+        let Some(v) = imp.get(name) else {
+            panic!("{name} not in the imatrix")
+        };
+        let (ew, ep) = (
+            weighted_error(&weighted, name, v),
+            weighted_error(&plain, name, v),
+        );
+        assert!(
+            ew < ep,
+            "{name}: weighted {ew:e} not below unweighted {ep:e}"
+        );
+    }
+    // The PN mix: its stock tensors (output's Q8_0 fallback, alpha/beta) are weighted too.
+    let pn = d.join("pn.gguf");
+    quantize(&pn, "P0k+2", Some(&imat));
+    let f = GgufFile::open(&pn).unwrap();
+    assert_eq!(f.get_str(KEY_QUANTIZER_KQUANT).unwrap(), "imatrix");
+    assert!(f.get_u32(KEY_QUANTIZER_KQUANT_TENSORS).unwrap() >= 1);
+    std::fs::remove_dir_all(&d).unwrap();
+}
