@@ -305,6 +305,8 @@ impl<B: Backend> Model<B> {
         // batched prefill chunk that wants hidden states alone does not pay for it).
         let (mut n, mut n_logit, mut picks, mut first_src) = (0, 0, 0, 0);
         let (mut logits, mut hidden) = (false, false);
+        // `keep_next_logits` applies to this pass only, whether it writes logits or not.
+        let keep_asked = std::mem::take(&mut ws.keep_logits);
         for i in 0..segs.len() {
             if let Some((src, k, _)) = pick(segs, i) {
                 (n, picks) = (n + k, picks + 1);
@@ -364,7 +366,7 @@ impl<B: Backend> Model<B> {
         // downloaded as usual, and nothing is kept).
         let whole =
             |s: &Seg<'_, '_, B>| !s.out.all_rows || (s.done == 0 && s.tokens.len() == s.n_tok);
-        let keep = logits && std::mem::take(&mut ws.keep_logits) && segs.iter().all(whole);
+        let keep = logits && keep_asked && segs.iter().all(whole);
         if logits {
             ws.kept_rows.clear();
             if keep {
