@@ -96,6 +96,9 @@ pub struct SpecDecoder<B: Backend> {
     /// The sequence (in the verification pass's order; 0 alone) whose rows of that pass's
     /// kept logits [`finish`](Self::finish) reads; `None`: they are in `verify_logits`.
     kept_verify: Option<usize>,
+    /// The sequence (in the MTP pass's order) whose kept row holds the last draft row's
+    /// logits; `None`: they are in `mtp_logits`.
+    kept_draft: Option<usize>,
     /// The best candidates of one kept row: `[<= DEVICE_TOP_K_MAX]`.
     cand: Vec<(u32, f32)>,
     /// Logits of the MTP head's last draft: `[vocab]`.
@@ -162,6 +165,7 @@ impl<B: Backend> SpecDecoder<B> {
             verify_logits: Vec::new(),
             candidates: false,
             kept_verify: None,
+            kept_draft: None,
             cand: Vec::with_capacity(DEVICE_TOP_K_MAX),
             verify_h: Vec::new(),
             mtp_logits: vec![0.0; model.config.vocab],
@@ -208,6 +212,12 @@ impl<B: Backend> SpecDecoder<B> {
     /// `seq` of the pass (`None`: it downloaded them into the decoder, as `verify_parts` asks).
     pub fn set_verify_kept(&mut self, seq: Option<usize>) {
         self.kept_verify = seq;
+    }
+
+    /// The MTP pass of the draft row kept its logits on the backend, this decoder's row as
+    /// sequence `seq` of the pass (`None`: downloaded into the row's buffer).
+    pub fn set_draft_kept(&mut self, seq: Option<usize>) {
+        self.kept_draft = seq;
     }
 
     /// Sets the acceptance rule (tests; [`AcceptRule::Standard`] is the only correct one).

@@ -299,6 +299,7 @@ impl<B: Backend> BatchCore<B> {
     /// LM head are read once per round rather than once per sequence; each slot then draws
     /// its draft and asks for its next row or stages its verification rows.
     fn draft_rounds(&mut self, mut drafting: Vec<usize>) -> Result<()> {
+        let keep = self.keeps_logits();
         while !drafting.is_empty() {
             let mut seqs: Vec<MtpSeq<'_, B>> = Vec::with_capacity(drafting.len());
             for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -313,14 +314,30 @@ impl<B: Backend> BatchCore<B> {
                     });
                 }
             }
+            // The draft rows' logits stay on the backend (each slot reads its own).
+            if keep {
+                self.ws.keep_next_logits();
+            }
             self.model.mtp_forward_batch(&mut self.ws, &mut seqs)?;
+            // The pass's sequences are the drafting slots in slot order.
+            let mut order = drafting.clone();
+            order.sort_unstable();
             let mut still = Vec::with_capacity(drafting.len());
             for &i in &drafting {
                 let slot = &mut self.slots[i];
                 let Some(a) = slot.seq.as_mut() else {
                     continue;
                 };
-                match slot.core.batch_spec_draft_advance(&mut a.stream.sampler)? {
+                let kept = if keep {
+                    order.iter().position(|&j| j == i)
+                } else {
+                    None
+                };
+                let sampler = &mut a.stream.sampler;
+                match slot
+                    .core
+                    .batch_spec_draft_advance(&self.ws, kept, sampler)?
+                {
                     DraftNeed::MtpRow => still.push(i),
                     DraftNeed::Staged(_) => slot.core.batch_spec_rows(&mut slot.rows),
                 }

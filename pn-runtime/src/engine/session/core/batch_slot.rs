@@ -165,9 +165,16 @@ impl<B: Backend> SessionCore<B> {
 
     /// After the batch's MTP pass ran this slot's row: the next draft, and the next row or
     /// the staged verification.
-    pub(crate) fn batch_spec_draft_advance(&mut self, sampler: &mut Sampler) -> Result<DraftNeed> {
+    /// `kept`: the batch's MTP pass kept its logits in `ws`, this slot's as that sequence.
+    pub(crate) fn batch_spec_draft_advance(
+        &mut self,
+        ws: &Workspace<B>,
+        kept: Option<usize>,
+        sampler: &mut Sampler,
+    ) -> Result<DraftNeed> {
         let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
-        Ok(sp.draft_advance(&self.model, &mut self.state, sampler)?)
+        sp.set_draft_kept(kept);
+        Ok(sp.draft_advance(&self.model, ws, &mut self.state, sampler)?)
     }
 
     /// Appends to `rows` the staged verification rows `[x_n, drafts]` the batch's pass is to

@@ -6,11 +6,12 @@
 //! `None`: log probabilities, a grammar, penalties, top-k off or over
 //! [`DEVICE_TOP_K_MAX`], top-p off). The tokens are the same either way.
 //!
-//! Which passes keep: a lone session's decode step (one row), a speculative verification
-//! (`SpecDecoder`, its rows judged from candidates), and every pass of a batch (each slot
-//! that wants logits reads its own row: candidates, or the row when its sampler needs it, its
-//! prompt-end checkpoint included). The last row of a prompt is downloaded as before (the
-//! prompt cache stores it), as are `feed` / `feed_all_logits` and the MTP head's draft rows.
+//! Which passes keep: a lone session's decode step (one row), a speculative step's MTP draft
+//! rows and its verification (`SpecDecoder`: drafts drawn and judged from candidates), and
+//! every pass and draft round of a batch (each slot that wants logits reads its own row:
+//! candidates, or the row when its sampler needs it, its prompt-end checkpoint included). The
+//! last row of a prompt is downloaded as before (the prompt cache stores it), as are `feed` /
+//! `feed_all_logits`.
 
 use crate::sampling::Sampler;
 use qwen_model::topk::DEVICE_TOP_K_MAX;
