@@ -395,6 +395,12 @@ pub trait Backend: Send + Sync {
         *out = crate::topk::top_k_row(&row, k);
         Ok(())
     }
+    /// Whether downloading a logits row costs enough that decoding should select on the
+    /// backend ([`top_k`](Self::top_k)) and download the whole row only where a sampling
+    /// stage reads it. The default (host memory: the row is already at hand) says no.
+    fn prefers_top_k(&self) -> bool {
+        false
+    }
     /// Copies `len` floats `src[src_off..]` -> `dst[dst_off..]`.
     fn copy(
         &self,

@@ -2,6 +2,11 @@
 //! device top-k (`kernels/topk.cu`) and what [`Backend::top_k`](crate::Backend::top_k) does by
 //! default (download the row, select here).
 
+/// The largest `k` the device top-k takes (`TK_MAX` in `pn-kernels` `kernels/topk.cu`;
+/// `pn_kernels::launch::TOP_K_MAX`, checked equal where the CUDA backend is built): a larger
+/// `k` downloads the whole row, so decoding asks for at most this many candidates.
+pub const DEVICE_TOP_K_MAX: usize = 64;
+
 /// The `k` best `(id, logit)` of `logits`, best first: finite values only (NaN and +-inf never
 /// take part, as in the sampler), higher logit first, equal logits to the lower id. Fewer than
 /// `k` when fewer values are finite.

@@ -27,13 +27,14 @@ pub use cpu_cores::physical_cores;
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
 pub use options::{
-    Device, EngineOptions, KvCacheType, Speculation, DEFAULT_CONTEXT,
+    Device, EngineOptions, KvCacheType, LogitsPath, Speculation, DEFAULT_CONTEXT,
     DEFAULT_PROMPT_CACHE_CHECKPOINTS, DEFAULT_PROMPT_CACHE_INTERVAL,
 };
 pub use prompt_cache::checkpoint_bytes;
+pub(crate) use session::count_candidate_row;
 pub use session::{
-    CancelToken, FinishReason, Generation, ProgressFn, Prompt, Session, StopConditions,
-    ThinkingControl, Timings, TokenEvent,
+    candidate_rows, CancelToken, FinishReason, Generation, ProgressFn, Prompt, Session,
+    StopConditions, ThinkingControl, Timings, TokenEvent,
 };
 
 use crate::chat_template::{ChatMessage, ChatPrompt, ChatTemplate, TemplateContext};

@@ -47,6 +47,34 @@ pub use qwen_model::KvCacheType;
 /// Speculative decoding setting (see [`crate::speculative`]).
 pub use crate::speculative::Speculation;
 
+/// How decoding reads the logits row it samples from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitsPath {
+    /// [`Candidates`](Self::Candidates) on a backend where downloading a row is expensive
+    /// (`qwen_model::Backend::prefers_top_k`: CUDA), [`FullRow`](Self::FullRow) on the CPU.
+    #[default]
+    Auto,
+    /// Select the sampler's best candidates on the backend and download only those
+    /// (`Sampler::candidates_needed`), wherever the sampler can choose from them exactly as
+    /// from the row; the whole row where a stage reads it (log probabilities, a grammar,
+    /// penalties, top-k off or over `qwen_model::topk::DEVICE_TOP_K_MAX`, top-p off). The
+    /// tokens are the same as [`FullRow`](Self::FullRow)'s.
+    Candidates,
+    /// Download every logits row the sampler reads.
+    FullRow,
+}
+
+impl LogitsPath {
+    /// Whether decoding on a backend that `prefers_top_k` (or not) takes the candidates.
+    pub fn candidates(self, prefers_top_k: bool) -> bool {
+        match self {
+            LogitsPath::Auto => prefers_top_k,
+            LogitsPath::Candidates => true,
+            LogitsPath::FullRow => false,
+        }
+    }
+}
+
 /// Default context when none is given: long enough for chat, small enough that the KV cache of a
 /// 27B model fits in a few GiB (llama.cpp's default is 4096 too).
 pub const DEFAULT_CONTEXT: usize = 4096;
@@ -102,6 +130,9 @@ pub struct EngineOptions {
     /// never shared with the page cache, but immune to the file changing on disk (a mapped file
     /// truncated under the process is a SIGBUS, see `gguf_io::mapwatch`).
     pub no_mmap: bool,
+    /// Whether decoding downloads each logits row or only the sampler's best candidates
+    /// (default [`LogitsPath::Auto`]: candidates on CUDA).
+    pub logits_path: LogitsPath,
 }
 
 impl Default for EngineOptions {
@@ -120,6 +151,7 @@ impl Default for EngineOptions {
             prompt_cache_checkpoints: DEFAULT_PROMPT_CACHE_CHECKPOINTS,
             speculation: Speculation::default(),
             no_mmap: false,
+            logits_path: LogitsPath::Auto,
         }
     }
 }

@@ -238,12 +238,15 @@ impl Sampler {
         out.reset(logits.len());
         match self.filter(logits, history) {
             Filtered::Token(id) => out.push(id, 1.0),
-            Filtered::Candidates => {
-                let probs = softmax(&self.cand, self.params.temperature);
-                for (c, q) in self.cand.iter().zip(probs) {
-                    out.push(c.0, q);
-                }
-            }
+            Filtered::Candidates => self.push_candidates(out),
+        }
+    }
+
+    /// Pushes `self.cand` with its probabilities at the temperature into `out`.
+    fn push_candidates(&self, out: &mut TokenDist) {
+        let probs = softmax(&self.cand, self.params.temperature);
+        for (c, q) in self.cand.iter().zip(probs) {
+            out.push(c.0, q);
         }
     }
 

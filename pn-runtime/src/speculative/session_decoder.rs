@@ -6,6 +6,7 @@ use super::accept::{judge, AcceptRule};
 use super::backoff::Backoff;
 use super::{Drafter, SpecStats, Speculation};
 use crate::sampling::{Sampler, TokenDist};
+use qwen_model::topk::DEVICE_TOP_K_MAX;
 use qwen_model::{Backend, Model, ModelError, Outputs, State, StateTrace, Workspace};
 
 /// What [`SpecDecoder::step`] must remember to roll back to a prefix of its accepted run.
@@ -89,6 +90,17 @@ pub struct SpecDecoder<B: Backend> {
     /// Trunk post-norm hidden states of every row of the last verification pass:
     /// `[1 + drafts, hidden]` (the MTP rows of the accepted tokens, and rollbacks, use them).
     verify_h: Vec<f32>,
+    /// Whether verification judges from the best candidates of logits kept on the backend
+    /// (`LogitsPath::candidates`), where the sampler takes them.
+    candidates: bool,
+    /// The sequence (in the verification pass's order; 0 alone) whose rows of that pass's
+    /// kept logits [`finish`](Self::finish) reads; `None`: they are in `verify_logits`.
+    kept_verify: Option<usize>,
+    /// The sequence (in the MTP pass's order) whose kept row holds the last draft row's
+    /// logits; `None`: they are in `mtp_logits`.
+    kept_draft: Option<usize>,
+    /// The best candidates of one kept row: `[<= DEVICE_TOP_K_MAX]`.
+    cand: Vec<(u32, f32)>,
     /// Logits of the MTP head's last draft: `[vocab]`.
     mtp_logits: Vec<f32>,
     /// The MTP block's hidden state after its last draft: `[hidden]`.
@@ -151,6 +163,10 @@ impl<B: Backend> SpecDecoder<B> {
             mtp_rows_t: Vec::new(),
             mtp_rows_h: Vec::new(),
             verify_logits: Vec::new(),
+            candidates: false,
+            kept_verify: None,
+            kept_draft: None,
+            cand: Vec::with_capacity(DEVICE_TOP_K_MAX),
             verify_h: Vec::new(),
             mtp_logits: vec![0.0; model.config.vocab],
             mtp_h: vec![0.0; model.config.hidden],
@@ -176,6 +192,32 @@ impl<B: Backend> SpecDecoder<B> {
     /// a [`Drafter`] count as certain (their distribution is a point mass).
     pub fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter + Send>>) {
         self.drafter = drafter;
+    }
+
+    /// Judges drafts from the sampler's best candidates of logits kept on the backend
+    /// (`on`) instead of downloading every verified row, wherever the sampler takes
+    /// candidates (see `Sampler::candidates_needed`); the accepted tokens are the same.
+    pub fn set_candidates(&mut self, on: bool) {
+        self.candidates = on;
+    }
+
+    /// Whether the staged verification pass should keep its logits on the backend
+    /// (`Workspace::keep_next_logits`) for `sampler`; then [`set_verify_kept`](Self::set_verify_kept)
+    /// says where they are before [`finish`](Self::finish).
+    pub fn keeps_verify(&self, sampler: &Sampler) -> bool {
+        self.candidates && sampler.candidates_needed(DEVICE_TOP_K_MAX).is_some()
+    }
+
+    /// The verification pass kept its logits on the backend, this decoder's rows as sequence
+    /// `seq` of the pass (`None`: it downloaded them into the decoder, as `verify_parts` asks).
+    pub fn set_verify_kept(&mut self, seq: Option<usize>) {
+        self.kept_verify = seq;
+    }
+
+    /// The MTP pass of the draft row kept its logits on the backend, this decoder's row as
+    /// sequence `seq` of the pass (`None`: downloaded into the row's buffer).
+    pub fn set_draft_kept(&mut self, seq: Option<usize>) {
+        self.kept_draft = seq;
     }
 
     /// Sets the acceptance rule (tests; [`AcceptRule::Standard`] is the only correct one).
@@ -374,11 +416,17 @@ impl<B: Backend> SpecDecoder<B> {
         input: StepInput<'_>,
     ) -> Result<(Vec<u32>, u32), ModelError> {
         self.draft(model, state, ws, sampler, input)?;
+        // One pass of at most `max_rows` rows keeps its logits whole.
+        let keep = self.keeps_verify(sampler) && self.pending.rows.len() <= ws.max_rows();
+        if keep {
+            ws.keep_next_logits();
+        }
         let (rows, out, trace) = self.verify_parts(model.config.vocab, model.config.hidden);
         match trace {
             Some(t) => model.forward_traced(state, ws, rows, out, t)?,
             None => model.forward(state, ws, rows, out)?,
         }
+        self.kept_verify = keep.then_some(0);
         self.finish(model, state, ws, sampler)
     }
 
@@ -443,10 +491,32 @@ impl<B: Backend> SpecDecoder<B> {
         self.stats.drafted += drafts.len() as u64;
 
         // 3. Accept: row `a` predicts the token after `batch[a]`.
+        // Kept logits: each judged row's candidates (or the row, downloaded, where the
+        // sampler reads it whole).
+        let kept = self.kept_verify.take();
+        let kept_k = kept.and(sampler.candidates_needed(DEVICE_TOP_K_MAX));
         let mut a = 0;
         let next = loop {
             let row = &mut self.verify_logits[a * v..(a + 1) * v];
-            sampler.distribution(row, &self.penalty_hist[..base + a], &mut self.target_dist);
+            match (kept, kept_k) {
+                (Some(seq), Some(k)) => {
+                    let ids = sampler.candidate_ids(v);
+                    model.kept_top_k(ws, (seq, a), ids, k, &mut self.cand)?;
+                    crate::engine::count_candidate_row();
+                    sampler.distribution_candidates(&self.cand, v, &mut self.target_dist);
+                }
+                (Some(seq), None) => {
+                    model.kept_logits(ws, (seq, a), row)?;
+                    sampler.distribution(
+                        row,
+                        &self.penalty_hist[..base + a],
+                        &mut self.target_dist,
+                    );
+                }
+                (None, _) => {
+                    sampler.distribution(row, &self.penalty_hist[..base + a], &mut self.target_dist)
+                }
+            }
             if a == drafts.len() {
                 break sampler.draw(&self.target_dist);
             }

@@ -58,6 +58,11 @@ impl Backend for CudaBackend {
         Ok(self.try_top_k(src, offset, (n, k), out)?)
     }
 
+    /// A logits row is a synchronous device-to-host copy (about 1 MB at the 27B vocabulary).
+    fn prefers_top_k(&self) -> bool {
+        true
+    }
+
     fn copy(
         &self,
         src: &CudaBuf,

@@ -28,6 +28,7 @@ mod launches;
 mod memory;
 mod mixer;
 mod norms;
+mod pinned;
 mod topk;
 mod weight;
 
@@ -105,6 +106,9 @@ pub struct CudaBackend {
     gpu: Gpu,
     ordinal: usize,
     scratch: Mutex<Scratch>,
+    /// Page-locked staging of large downloads (`pinned.rs`), its own lock (a download may
+    /// come while the scratch is held elsewhere).
+    pinned: Mutex<pinned::Pinned>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,6 +179,7 @@ impl CudaBackend {
                 topk_v: None,
                 topk_i: None,
             }),
+            pinned: Mutex::new(None),
         })
     }
 
@@ -283,6 +288,9 @@ impl CudaBackend {
         offset: usize,
         dst: &mut [f32],
     ) -> Result<(), CudaError> {
+        if dst.len() >= pinned::PINNED_MIN_FLOATS {
+            return self.try_download_pinned(src, offset, dst);
+        }
         let v = view("download", src, offset, dst.len())?;
         self.gpu
             .stream()

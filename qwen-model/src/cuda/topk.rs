@@ -4,6 +4,9 @@
 use super::{lock, view, CudaBackend, CudaBuf, CudaError};
 use pn_kernels::launch::{top_k_scratch_len, TOP_K_MAX};
 
+// Decoding sizes its candidate requests by the host-side constant.
+const _: () = assert!(TOP_K_MAX == crate::topk::DEVICE_TOP_K_MAX);
+
 impl CudaBackend {
     /// The `(n, k)` = `shape` best logits of `src[offset..offset + n]` into `out`, in the
     /// sampler's order (see [`crate::topk::top_k_row`]), best first; fewer than `k` when fewer

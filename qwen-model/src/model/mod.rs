@@ -6,6 +6,7 @@
 //! and `workspace` the scratch activations.
 
 mod batch;
+mod kept;
 mod layers;
 mod mtp;
 mod workspace;
@@ -304,6 +305,8 @@ impl<B: Backend> Model<B> {
         // batched prefill chunk that wants hidden states alone does not pay for it).
         let (mut n, mut n_logit, mut picks, mut first_src) = (0, 0, 0, 0);
         let (mut logits, mut hidden) = (false, false);
+        // `keep_next_logits` applies to this pass only, whether it writes logits or not.
+        let keep_asked = std::mem::take(&mut ws.keep_logits);
         for i in 0..segs.len() {
             if let Some((src, k, _)) = pick(segs, i) {
                 (n, picks) = (n + k, picks + 1);
@@ -357,6 +360,19 @@ impl<B: Backend> Model<B> {
                 )?;
             }
         }
+        // Logits kept on the backend (`Workspace::keep_next_logits`): where each sequence's
+        // rows sit instead of a download. Any pass with logits ends the previous kept rows.
+        // Only whole calls are kept (a call with every row's logits split over chunks is
+        // downloaded as usual, and nothing is kept).
+        let whole =
+            |s: &Seg<'_, '_, B>| !s.out.all_rows || (s.done == 0 && s.tokens.len() == s.n_tok);
+        let keep = logits && keep_asked && segs.iter().all(whole);
+        if logits {
+            ws.kept_rows.clear();
+            if keep {
+                ws.kept_rows.resize(segs.len(), (NO_ROW, 0));
+            }
+        }
         // The rows in the gathered order (those with logits first).
         let mut at = 0;
         for with_logits in [true, false] {
@@ -372,7 +388,11 @@ impl<B: Backend> Model<B> {
                     be.download(&ws.final_normed, at * d, &mut h[first * d..(first + k) * d])?;
                 }
                 if let Some(l) = out.logits.as_deref_mut() {
-                    be.download(&ws.logits, at * v, &mut l[first * v..(first + k) * v])?;
+                    if keep {
+                        ws.kept_rows[i] = (at, k);
+                    } else {
+                        be.download(&ws.logits, at * v, &mut l[first * v..(first + k) * v])?;
+                    }
                 }
                 at += k;
             }
@@ -380,6 +400,9 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 }
+
+/// A sequence of the last pass with kept logits that wanted none ([`Workspace`]'s `kept_rows`).
+const NO_ROW: usize = usize::MAX;
 
 /// The output rows sequence `i` of a pass wants: `(first workspace row, rows, first row of
 /// its outputs)` (every row of the pass, or the last row of its call), `None` for none.

@@ -61,6 +61,14 @@ pub struct Workspace<B: Backend> {
     /// Per-sequence buffers of a batched pass ([`SegBufs`]), made on the first pass over more
     /// than one sequence (a single-sequence workspace never pays for them).
     pub(crate) seg: Option<SegBufs<B>>,
+    /// Set by [`keep_next_logits`](Self::keep_next_logits): the next pass leaves its logits in
+    /// `logits` instead of downloading them (cleared by that pass).
+    pub(crate) keep_logits: bool,
+    /// Where the kept logits of the last pass that wrote logits sit: per sequence of that pass
+    /// (in order), its first row in `logits` and its row count (`NO_ROW`: it wanted none). Empty when that pass
+    /// downloaded its logits. `[<= max_rows]`, capacity reserved once (decoding allocates
+    /// nothing).
+    pub(crate) kept_rows: Vec<(usize, usize)>,
     /// Floats per row of each [`SegBufs`] buffer, in field order.
     seg_widths: [usize; 9],
 }
@@ -123,6 +131,8 @@ impl<B: Backend> Workspace<B> {
             eh_in: be.alloc(r * 2 * d)?,
             logits: be.alloc(r * c.vocab)?,
             seg: None,
+            keep_logits: false,
+            kept_rows: Vec::with_capacity(r),
             seg_widths: [
                 c.q_proj_dim(),
                 c.kv_dim(),
@@ -156,6 +166,19 @@ impl<B: Backend> Workspace<B> {
             gdn_out: be.alloc(go)?,
         });
         Ok(())
+    }
+
+    /// Makes the next pass (the next forward call, whose tokens must fit one step of
+    /// [`max_rows`](Self::max_rows); a pass without logits just clears this) leave its logits
+    /// on the backend (in this workspace) instead of downloading them into its
+    /// [`Outputs::logits`](crate::Outputs) buffers, which must still be given (they ask for
+    /// the logits) but are not written. Read them with
+    /// [`Model::kept_top_k`](crate::Model::kept_top_k) (only the best `k` come back: on a
+    /// device backend about 1 MB less per token at the 27B vocabulary) or
+    /// [`Model::kept_logits`](crate::Model::kept_logits) (the whole row), before the next
+    /// pass that writes logits.
+    pub fn keep_next_logits(&mut self) {
+        self.keep_logits = true;
     }
 
     /// Tokens one internal step processes (longer inputs are split).

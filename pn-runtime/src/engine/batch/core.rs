@@ -138,6 +138,13 @@ impl<B: Backend> BatchCore<B> {
         })
     }
 
+    /// Whether the batch's passes keep their logits on the backend (the slots' decode path).
+    fn keeps_logits(&self) -> bool {
+        self.slots
+            .first()
+            .is_some_and(|s| s.core.batch_keeps_logits())
+    }
+
     /// Samples the next token of the sequence in slot `i` (its logits at hand) and pushes its
     /// events; the sequence leaves the slot when it ends.
     fn sample(&mut self, i: usize, events: &mut Vec<BatchEvent>) -> Result<()> {
@@ -150,9 +157,10 @@ impl<B: Backend> BatchCore<B> {
             Some(end) => end,
             None => {
                 let forced = a.stream.next_forced();
+                let (ws, sampler) = (&self.ws, &mut a.stream.sampler);
                 let id = match forced {
-                    Some(f) => slot.core.batch_force(&mut a.stream.sampler, f),
-                    None => slot.core.batch_sample(&mut a.stream.sampler),
+                    Some(f) => slot.core.batch_force(ws, sampler, f)?,
+                    None => slot.core.batch_sample(ws, sampler)?,
                 };
                 match id {
                     Some(id) => a.stream.on_token(&self.engine, id, forced.is_some())?,
@@ -291,6 +299,7 @@ impl<B: Backend> BatchCore<B> {
     /// LM head are read once per round rather than once per sequence; each slot then draws
     /// its draft and asks for its next row or stages its verification rows.
     fn draft_rounds(&mut self, mut drafting: Vec<usize>) -> Result<()> {
+        let keep = self.keeps_logits();
         while !drafting.is_empty() {
             let mut seqs: Vec<MtpSeq<'_, B>> = Vec::with_capacity(drafting.len());
             for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -305,14 +314,30 @@ impl<B: Backend> BatchCore<B> {
                     });
                 }
             }
+            // The draft rows' logits stay on the backend (each slot reads its own).
+            if keep {
+                self.ws.keep_next_logits();
+            }
             self.model.mtp_forward_batch(&mut self.ws, &mut seqs)?;
+            // The pass's sequences are the drafting slots in slot order.
+            let mut order = drafting.clone();
+            order.sort_unstable();
             let mut still = Vec::with_capacity(drafting.len());
             for &i in &drafting {
                 let slot = &mut self.slots[i];
                 let Some(a) = slot.seq.as_mut() else {
                     continue;
                 };
-                match slot.core.batch_spec_draft_advance(&mut a.stream.sampler)? {
+                let kept = if keep {
+                    order.iter().position(|&j| j == i)
+                } else {
+                    None
+                };
+                let sampler = &mut a.stream.sampler;
+                match slot
+                    .core
+                    .batch_spec_draft_advance(&self.ws, kept, sampler)?
+                {
                     DraftNeed::MtpRow => still.push(i),
                     DraftNeed::Staged(_) => slot.core.batch_spec_rows(&mut slot.rows),
                 }
@@ -346,6 +371,7 @@ impl<B: Backend> BatchCore<B> {
     /// logits of the last row when wanted).
     fn pass(&mut self) -> std::result::Result<(), ModelError> {
         let (v, d) = (self.model.config.vocab, self.model.config.hidden);
+        let keep = self.keeps_logits();
         let mut seqs: Vec<BatchSeq<'_, B>> = Vec::new();
         for s in &mut self.slots {
             if s.rows.is_empty() {
@@ -390,6 +416,10 @@ impl<B: Backend> BatchCore<B> {
         };
         if seqs.is_empty() {
             return Ok(());
+        }
+        if keep {
+            // Each slot that wants logits reads its own rows after the pass (`step`).
+            self.ws.keep_next_logits();
         }
         self.model.forward_batch(&mut self.ws, &mut seqs)
     }
@@ -495,10 +525,17 @@ where
         }
         self.plan()?;
         self.run_pass()?;
+        let keep = self.keeps_logits();
+        // The slots with rows are the pass's sequences, in order.
+        let mut seq = 0;
         for i in 0..self.slots.len() {
             let s = &mut self.slots[i];
             if s.rows.is_empty() {
                 continue;
+            }
+            seq += 1;
+            if keep && s.verify {
+                s.core.batch_logits_kept(seq - 1, true);
             }
             if s.verify {
                 s.verify = false;
@@ -506,6 +543,9 @@ where
                 continue;
             }
             s.core.batch_fed(&mut self.ws, &s.rows, s.wants_logits)?;
+            if keep && s.wants_logits {
+                s.core.batch_logits_kept(seq - 1, false);
+            }
             let Some(a) = s.seq.as_mut() else {
                 continue;
             };
@@ -514,6 +554,7 @@ where
             }
             if matches!(a.phase, Phase::Prefill { .. }) {
                 // The prompt's last chunk: its checkpoint (with the logits), then sample.
+                s.core.batch_fetch_kept(&self.ws)?;
                 s.core.batch_checkpoint(true)?;
                 a.stream.timings.prompt_time = a.added.elapsed();
                 a.prompt_done = Some(Instant::now());

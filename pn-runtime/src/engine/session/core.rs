@@ -2,6 +2,7 @@
 //! backend `B`, and the object-safe [`CoreOps`] interface the public types call it through.
 
 mod batch_slot;
+pub(crate) mod kept;
 
 use super::request::ProgressFn;
 use crate::engine::error::{EngineError, Result};
@@ -9,6 +10,7 @@ use crate::engine::prompt_cache::PromptCache;
 use crate::engine::Engine;
 use crate::sampling::Sampler;
 use crate::speculative::{SpecControl, SpecDecoder, SpecStats, Speculation, StepInput};
+use kept::KeptLogits;
 use qwen_model::{Backend, Model, Outputs, State, Workspace};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,6 +110,8 @@ pub(crate) struct SessionCore<B: Backend> {
     /// Logits after the last fed token, valid when `has_logits`.
     logits: Vec<f32>,
     has_logits: bool,
+    /// Whether those logits are still on the backend (`kept.seq`), and the decode path.
+    kept: KeptLogits,
     /// Checkpoints of the recurrent state at positions of `fed`, to continue from a prefix when
     /// a new sequence diverges from this one (the recurrent layers cannot be rewound otherwise).
     cache: PromptCache<B>,
@@ -140,15 +144,30 @@ impl<B: Backend> SessionCore<B> {
             pending: None,
             logits: vec![0.0; model.config.vocab],
             has_logits: false,
+            kept: KeptLogits::new(Self::candidates_on(&engine, &model)),
             cache: PromptCache::new(
                 engine.options().prompt_cache_interval,
                 engine.options().prompt_cache_checkpoints,
             ),
             progress: None,
-            spec: SpecDecoder::for_model(&model, spec),
+            spec: Self::decoder(&engine, &model, spec),
             engine,
             model,
         })
+    }
+
+    /// Whether decoding reads candidates instead of whole logits rows
+    /// ([`LogitsPath`](crate::engine::LogitsPath)).
+    fn candidates_on(engine: &Engine, model: &Model<B>) -> bool {
+        let path = engine.options().logits_path;
+        path.candidates(model.backend.prefers_top_k())
+    }
+
+    /// The speculative decoder `spec` asks for, on the engine's logits path.
+    fn decoder(engine: &Engine, model: &Model<B>, spec: Speculation) -> Option<SpecDecoder<B>> {
+        let mut sp = SpecDecoder::for_model(model, spec)?;
+        sp.set_candidates(Self::candidates_on(engine, model));
+        Some(sp)
     }
 
     /// A generation that stopped inside a speculative run leaves the state ahead of the
@@ -172,6 +191,7 @@ impl<B: Backend> SessionCore<B> {
         let step = self.ws.max_rows();
         let start = self.fed.len();
         self.has_logits = false;
+        self.kept.seq = None;
         let mut marks = marks
             .iter()
             .copied()
@@ -391,7 +411,7 @@ where
     }
 
     fn set_speculation(&mut self, spec: Speculation) {
-        self.spec = SpecDecoder::for_model(&self.model, spec);
+        self.spec = Self::decoder(&self.engine, &self.model, spec);
     }
 
     fn speculation_mut(&mut self) -> Option<&mut dyn SpecControl> {
@@ -544,14 +564,24 @@ where
             if self.spec.is_some() && self.fed.len() + 2 <= self.context() {
                 return self.spec_step(sampler, run, p, budget).map(Some);
             }
-            // `feed` processes the pending token first.
+            // `feed` processes the pending token first (settled here, so the pass that keeps
+            // its logits on the backend is the decode step's own).
+            self.settle_spec()?;
+            let keep = self.kept.wanted(sampler);
+            if keep {
+                self.ws.keep_next_logits();
+            }
             self.feed(&[])?;
+            self.kept.seq = keep.then_some(0);
         }
         if self.fed.len() >= self.context() {
             // No room for the sampled token: stop before sampling one that cannot be kept.
+            self.kept.fetch(&self.model, &self.ws, &mut self.logits)?;
             return Ok(None);
         }
-        let id = sampler.sample(&mut self.logits, &self.fed);
+        let id = self
+            .kept
+            .sample(&self.model, &self.ws, &mut self.logits, sampler, &self.fed)?;
         self.has_logits = false;
         self.pending = Some(id);
         Ok(Some(id))

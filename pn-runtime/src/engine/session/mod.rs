@@ -17,6 +17,8 @@ pub use request::{
 pub use thinking::ThinkingControl;
 pub(crate) use token_stream::TokenStream;
 
+pub use self::core::kept::candidate_rows;
+pub(crate) use self::core::kept::count_candidate_row;
 use self::core::CoreOps;
 pub(crate) use self::core::{SessionCore, SpecRun};
 use super::error::Result;

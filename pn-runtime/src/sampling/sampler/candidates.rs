@@ -19,7 +19,7 @@
 //! count and skips them; ids past the mask's allowed range are not asked for at all
 //! ([`Sampler::candidate_ids`]).
 
-use super::Sampler;
+use super::{Filtered, Sampler, TokenDist};
 
 impl Sampler {
     /// How many of the row's best candidates (in [`qwen_model::topk::top_k_row`]'s order, over
@@ -53,26 +53,51 @@ impl Sampler {
     /// finite), for a row of `n_logits`: the token [`sample`](Self::sample) would pick from the
     /// whole row, with the same use of the random stream.
     pub fn sample_candidates(&mut self, cand: &[(u32, f32)], n_logits: usize) -> u32 {
+        match self.filter_candidates(cand, n_logits) {
+            Filtered::Token(id) => id,
+            Filtered::Candidates => self.draw_candidate(),
+        }
+    }
+
+    /// [`distribution`](Self::distribution) from the row's best candidates (as
+    /// [`sample_candidates`](Self::sample_candidates) takes them): the same distribution,
+    /// support in the same order (speculative verification judges drafts against it).
+    pub fn distribution_candidates(
+        &mut self,
+        cand: &[(u32, f32)],
+        n_logits: usize,
+        out: &mut TokenDist,
+    ) {
+        out.reset(n_logits);
+        match self.filter_candidates(cand, n_logits) {
+            Filtered::Token(id) => out.push(id, 1.0),
+            Filtered::Candidates => self.push_candidates(out),
+        }
+    }
+
+    /// The filtering stages of [`sample`](Self::sample) over the best candidates: the greedy
+    /// answer (or the fallback when none is allowed and finite), or the survivors of top-k,
+    /// top-p and min-p in `self.cand`.
+    fn filter_candidates(&mut self, cand: &[(u32, f32)], n_logits: usize) -> Filtered {
         let mask = &self.mask;
         let mut allowed = cand
             .iter()
             .copied()
             .filter(|c| c.1.is_finite() && mask.allows(c.0));
         if self.params.temperature <= 0.0 {
-            return match allowed.next() {
+            return Filtered::Token(match allowed.next() {
                 Some(c) => c.0,
                 None => self.fallback(n_logits),
-            };
+            });
         }
         let top_k = self.params.top_k;
-        let picked: Vec<(u32, f32)> = allowed.take(top_k).collect();
-        if picked.is_empty() {
-            return self.fallback(n_logits);
-        }
         self.cand.clear();
-        self.cand.extend(picked);
+        self.cand.extend(allowed.take(top_k));
+        if self.cand.is_empty() {
+            return Filtered::Token(self.fallback(n_logits));
+        }
         self.top_p_min_p();
-        self.draw_candidate()
+        Filtered::Candidates
     }
 }
 
@@ -119,6 +144,14 @@ mod tests {
                 .expect("greedy / top-k with top-p");
             for step in 0..5 {
                 let cand = qwen_model::topk::top_k_row(&row[..top.candidate_ids(n)], k);
+                let (mut d_full, mut d_top) = (TokenDist::new(), TokenDist::new());
+                full.distribution(&mut row.clone(), &[], &mut d_full);
+                top.distribution_candidates(&cand, n, &mut d_top);
+                assert_eq!(d_full.support(), d_top.support(), "case {case}");
+                assert_eq!(d_full.vocab(), d_top.vocab());
+                for &id in d_full.support() {
+                    assert_eq!(d_full.prob(id).to_bits(), d_top.prob(id).to_bits());
+                }
                 let want = full.sample(&mut row.clone(), &[]);
                 assert_eq!(
                     top.sample_candidates(&cand, n),

@@ -6,6 +6,7 @@
 
 use super::{SpecDecoder, StepInput};
 use crate::sampling::{Sampler, TokenDist};
+use qwen_model::topk::DEVICE_TOP_K_MAX;
 use qwen_model::{Backend, Model, ModelError, Outputs, State, StateTrace, Workspace};
 
 /// What a draft in progress needs next.
@@ -62,9 +63,16 @@ impl<B: Backend> SpecDecoder<B> {
             match need {
                 DraftNeed::Staged(k) => return Ok(k),
                 DraftNeed::MtpRow => {
+                    // The draft row's logits stay on the backend where the sampler draws
+                    // from candidates.
+                    let keep = self.keeps_verify(sampler);
+                    if keep {
+                        ws.keep_next_logits();
+                    }
                     let r = self.mtp_row()?;
                     model.mtp_forward(state, ws, r.token, r.hidden, r.rope_pos, r.out)?;
-                    need = self.draft_advance(model, state, sampler)?;
+                    self.set_draft_kept(keep.then_some(0));
+                    need = self.draft_advance(model, ws, state, sampler)?;
                 }
             }
         }
@@ -164,9 +172,14 @@ impl<B: Backend> SpecDecoder<B> {
     /// After the MTP row of [`mtp_row`](Self::mtp_row) ran on `state`: draws the next draft
     /// from its logits, then asks for the chained row after it, or stages the verification
     /// once `k_max` drafts are drawn.
+    ///
+    /// Its logits are in the row's `MtpRow::out` buffer, or kept on the backend in `ws` where
+    /// [`set_draft_kept`](Self::set_draft_kept) said so (then drawn from the sampler's best
+    /// candidates when it takes them).
     pub fn draft_advance(
         &mut self,
         model: &Model<B>,
+        ws: &Workspace<B>,
         state: &mut State<B>,
         sampler: &mut Sampler,
     ) -> Result<DraftNeed, ModelError> {
@@ -182,11 +195,26 @@ impl<B: Backend> SpecDecoder<B> {
         if self.draft_dists.len() <= i {
             self.draft_dists.push(TokenDist::new());
         }
-        sampler.distribution(
-            &mut self.mtp_logits,
-            &self.penalty_hist,
-            &mut self.draft_dists[i],
-        );
+        let kept = self.kept_draft.take();
+        let v = model.config.vocab;
+        match (kept, kept.and(sampler.candidates_needed(DEVICE_TOP_K_MAX))) {
+            (Some(seq), Some(k)) => {
+                let ids = sampler.candidate_ids(v);
+                model.kept_top_k(ws, (seq, 0), ids, k, &mut self.cand)?;
+                crate::engine::count_candidate_row();
+                sampler.distribution_candidates(&self.cand, v, &mut self.draft_dists[i]);
+            }
+            (kept, _) => {
+                if let Some(seq) = kept {
+                    model.kept_logits(ws, (seq, 0), &mut self.mtp_logits)?;
+                }
+                sampler.distribution(
+                    &mut self.mtp_logits,
+                    &self.penalty_hist,
+                    &mut self.draft_dists[i],
+                );
+            }
+        }
         let t = sampler.draw(&self.draft_dists[i]);
         self.drafts.push(t);
         self.penalty_hist.push(t);

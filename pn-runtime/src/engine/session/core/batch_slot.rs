@@ -61,6 +61,7 @@ impl<B: Backend> SessionCore<B> {
         self.fed.clear();
         self.pending = None;
         self.has_logits = false;
+        self.kept.seq = None;
         self.cache.clear();
         self.state.reset(&m.config, &m.backend)?;
         Ok(())
@@ -116,6 +117,7 @@ impl<B: Backend> SessionCore<B> {
     ) -> Result<()> {
         self.fed.extend_from_slice(tokens);
         self.has_logits = logits;
+        self.kept.seq = None;
         if let Some(sp) = self.spec.as_mut() {
             sp.fed(&self.model, &mut self.state, ws, tokens)?;
         }
@@ -163,9 +165,16 @@ impl<B: Backend> SessionCore<B> {
 
     /// After the batch's MTP pass ran this slot's row: the next draft, and the next row or
     /// the staged verification.
-    pub(crate) fn batch_spec_draft_advance(&mut self, sampler: &mut Sampler) -> Result<DraftNeed> {
+    /// `kept`: the batch's MTP pass kept its logits in `ws`, this slot's as that sequence.
+    pub(crate) fn batch_spec_draft_advance(
+        &mut self,
+        ws: &Workspace<B>,
+        kept: Option<usize>,
+        sampler: &mut Sampler,
+    ) -> Result<DraftNeed> {
         let sp = self.spec.as_mut().ok_or(EngineError::EmptyPrompt)?;
-        Ok(sp.draft_advance(&self.model, &mut self.state, sampler)?)
+        sp.set_draft_kept(kept);
+        Ok(sp.draft_advance(&self.model, ws, &mut self.state, sampler)?)
     }
 
     /// Appends to `rows` the staged verification rows `[x_n, drafts]` the batch's pass is to
@@ -226,25 +235,61 @@ impl<B: Backend> SessionCore<B> {
 
     /// Samples the next token from the logits at hand and makes it pending (`None`: the
     /// context is full, nothing sampled), as a plain decoding step does.
-    pub(crate) fn batch_sample(&mut self, sampler: &mut Sampler) -> Option<u32> {
+    /// Logits kept on the backend by the batch's last pass are read from its workspace `ws`.
+    pub(crate) fn batch_sample(
+        &mut self,
+        ws: &Workspace<B>,
+        sampler: &mut Sampler,
+    ) -> Result<Option<u32>> {
         if !self.has_logits || self.fed.len() >= self.state.capacity() {
-            return None;
+            self.batch_fetch_kept(ws)?;
+            return Ok(None);
         }
-        let id = sampler.sample(&mut self.logits, &self.fed);
+        let id = self
+            .kept
+            .sample(&self.model, ws, &mut self.logits, sampler, &self.fed)?;
         self.has_logits = false;
         self.pending = Some(id);
-        Some(id)
+        Ok(Some(id))
+    }
+
+    /// Whether the batch's passes keep their logits on the backend (the decode path of
+    /// [`LogitsPath`](crate::engine::LogitsPath)): then after each pass every slot that wanted
+    /// logits is told where its row is ([`batch_logits_kept`](Self::batch_logits_kept)).
+    pub(crate) fn batch_keeps_logits(&self) -> bool {
+        self.kept.on
+    }
+
+    /// The batch's last pass kept this slot's logits as its sequence `seq` (a plain row, or
+    /// the decoder's verification rows when `verify`).
+    pub(crate) fn batch_logits_kept(&mut self, seq: usize, verify: bool) {
+        match self.spec.as_mut() {
+            Some(sp) if verify => sp.set_verify_kept(Some(seq)),
+            _ => self.kept.seq = Some(seq),
+        }
+    }
+
+    /// Brings logits kept in the batch's workspace `ws` to the host row (a prompt-end
+    /// checkpoint stores them; forced tokens observe them).
+    pub(crate) fn batch_fetch_kept(&mut self, ws: &Workspace<B>) -> Result<()> {
+        Ok(self.kept.fetch(&self.model, ws, &mut self.logits)?)
     }
 
     /// [`batch_sample`](Self::batch_sample) for a token emitted without sampling (the thinking
     /// budget's closing sequence): the logits are only observed (for its log probability).
-    pub(crate) fn batch_force(&mut self, sampler: &mut Sampler, id: u32) -> Option<u32> {
+    pub(crate) fn batch_force(
+        &mut self,
+        ws: &Workspace<B>,
+        sampler: &mut Sampler,
+        id: u32,
+    ) -> Result<Option<u32>> {
+        self.batch_fetch_kept(ws)?;
         if !self.has_logits || self.fed.len() >= self.state.capacity() {
-            return None;
+            return Ok(None);
         }
         sampler.observe(&mut self.logits);
         self.has_logits = false;
         self.pending = Some(id);
-        Some(id)
+        Ok(Some(id))
     }
 }
