@@ -91,7 +91,7 @@ mod tests {
     /// The counted 27B decode token, by op, against the count by hand from `model/layers.rs`:
     /// 64 layers (48 GDN, 16 attention), every PN input produced by a fused kernel that writes
     /// its fp16 copy (the mixers' norms, the FFN norms with the residual add of the mixer output,
-    /// the SwiGLU), one residual add left per layer (the FFN output's).
+    /// the SwiGLU), one residual add left per layer (the FFN output's), and the mixers' fused ops.
     #[test]
     fn the_27b_decode_token_is_counted_from_the_op_sequence() {
         let l = count_27b(3).unwrap();
@@ -101,8 +101,16 @@ mod tests {
         assert_eq!(op("add"), 64);
         assert_eq!(op("rms_norm_hadamard"), 0, "every rotated norm fused");
         assert_eq!(op("swiglu_hadamard"), 0);
+        // The mixers (`kernels/mixer.cu`): split-K partials + the combine fused with the gate
+        // and rotation; q/k norms with RoPE and the K/V pair in one launch each; the GDN's
+        // l2 norms inside the decode delta rule and its gated norm fused with the rotation.
         assert_eq!(op("attention"), 2 * 16);
-        assert_eq!(op("gated_delta_rule"), 3 * 48);
+        assert_eq!(op("qk_norm_rope"), 16);
+        assert_eq!(op("kv_write"), 16);
+        assert_eq!(op("sigmoid_gate"), 0);
+        assert_eq!(op("gated_delta_rule"), 48);
+        assert_eq!(op("gated_rms_norm_hadamard"), 48);
+        assert_eq!(op("gated_rms_norm"), 0);
         assert_eq!(op("download"), 1);
         assert_eq!(l.decode, l.decode_ops.values().sum::<u64>());
         // Before the fusions: 1684 (stop 28's traffic model).

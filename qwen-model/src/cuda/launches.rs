@@ -9,18 +9,18 @@
 //! are one launch each except where noted at the op; an op the CUDA backend overrides must be
 //! overridden here too (a trait default here counts its composed ops).
 
+use super::fused::{norm_fuses, swiglu_fuses};
 use super::mixer::qk_shape;
+use super::weight::{device_type, matmul_launches, MatDesc};
 use super::{attn_tiled, gdn_chunked, HEAD_DIM};
 use crate::backend::mixer_ops;
-use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
-use pn_kernels::{GateRotation, GatedNormRotation, Gpu};
-use super::fused::{norm_fuses, swiglu_fuses};
-use super::weight::{device_type, matmul_launches, MatDesc};
 use crate::fused::{norm_hadamard_matmul_default, swiglu_hadamard_matmul_default};
+use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
 use crate::{
     AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormIn, NormRot,
     RopeLayout, SwigluRot, WeightSource,
 };
+use pn_kernels::{GateRotation, GatedNormRotation, Gpu};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
