@@ -231,16 +231,18 @@ pub fn tiled_pass_rows(ty: PnType) -> usize {
     TILE
 }
 
-/// The AMX kernel [`matmul_tiled`] runs: the software-pipelined one, or the one named by
+/// The AMX kernel [`matmul_tiled`] runs: the register-blocked one, or the one named by
 /// `PN_TILE_KERNEL` (`blocked`, `one`, `pipelined`) for A/B runs of a whole model on one
-/// machine (the three are bit-identical; their speed order changed from run to run on the
-/// loaded machine they were measured on). Cached after the first call.
+/// machine (the three are bit-identical). Blocked is the default because it was the fastest
+/// whole-model prefill on a quiet machine: 27B-shaped pp64 at 2 threads, alternated,
+/// 5.85 and 4.98 tok/s against 4.61 and 4.05 for the pipelined one. Cached after the first call.
 pub fn default_kernel() -> TileKernel {
     static K: std::sync::OnceLock<TileKernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| match std::env::var("PN_TILE_KERNEL").as_deref() {
         Ok("blocked") => TileKernel::AmxBlocked,
         Ok("one") => TileKernel::AmxOneTile,
-        _ => TileKernel::AmxPipelined,
+        Ok("pipelined") => TileKernel::AmxPipelined,
+        _ => TileKernel::AmxBlocked,
     })
 }
 
