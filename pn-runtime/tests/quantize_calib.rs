@@ -268,7 +268,8 @@ fn gptq_beats_ref_on_every_pn_tensor() {
     assert!(n >= 50, "{n} tensors checked");
 }
 
-fn quantize_demo(out: &Path, extra: &[&str]) {
+/// `pn quantize --quiet --force EXTRA.. demo OUT`; returns its standard output.
+fn quantize_demo(out: &Path, extra: &[&str]) -> String {
     let model = demo_f16();
     let mut args = vec!["quantize", "--quiet", "--force"];
     args.extend_from_slice(extra);
@@ -276,6 +277,7 @@ fn quantize_demo(out: &Path, extra: &[&str]) {
     args.push(s(out));
     let o = pn(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]
@@ -415,24 +417,29 @@ fn streamed_layers_match_one_pass_and_follow_the_quantized_layer() {
     );
 }
 
-/// Bytes per weight over every 2-D tensor of a quantized file without F32 stand-ins.
-fn bytes_per_2d_weight(path: &Path) -> f64 {
-    let f = gguf_io::GgufFile::open(path).unwrap();
-    let (mut b, mut p) = (0u64, 0u64);
-    for t in f.tensors().filter(|t| t.dims.len() == 2) {
-        b += t.bytes.len() as u64;
-        p += t.n_elements();
-    }
-    b as f64 / p as f64
-}
+/// The byte budget of the same-size comparison, bytes per 2-D weight.
+const SAME_SIZE_BUDGET: &str = "0.609";
+
+/// The non-trunk tensors both mixes of the same-size comparison get: the K-quant mix's own
+/// `output` (Q6_K) and `token_embd` (Q4_K), stored on the demo (K = 320) as F32 stand-ins
+/// counted at the K-quant's nominal size in both files.
+const SAME_SIZE_FIXED: [&str; 4] = [
+    "--tensor-type",
+    "output.weight=q6_K",
+    "--tensor-type",
+    "token_embd.weight=q4_K",
+];
 
 /// Model level, on the validation tokens (`tokens_val.json`, from `functools.py`, a validation
-/// file; the calibration text is the training-split `heapq.py`): PN3 with GPTQ beats PN3 with
-/// the reference quantizer, and the K-quant baseline of the same size with the same
-/// calibration (`q3k-m@B`: llama.cpp's Q3_K_M recipe, promotions up to the GPTQ file's bytes per
-/// 2-D weight, every K-quant importance-weighted by an imatrix of the same text), on mean KL
-/// against F16 and on top-1 agreement. Slow (an imatrix and three quantizations): `cargo test
-/// --release -p pn-runtime --test quantize_calib -- --ignored --nocapture`.
+/// file; the calibration text is the training-split `heapq.py`), the same-size comparison made
+/// fair: both mixes get the same `output` (Q6_K) and `token_embd` (Q4_K) stand-ins and the
+/// same byte budget, nominal bytes for the stand-ins in both; the PN mix (`P0k@B`) spends it up
+/// pn3t -> pn4t -> Q8_0, the K-quant mix (`q3k-m@B`, llama.cpp's Q3_K_M recipe) up Q3_K ->
+/// Q6_K, both ranked by the same imatrix-weighted error and every stock tensor
+/// imatrix-weighted. PN with GPTQ beats PN with the reference quantizer and the K-quant mix on
+/// mean KL against F16 and on top-1 agreement. Slow (an imatrix and three quantizations):
+/// `cargo test --release -p pn-runtime --test quantize_calib -- --ignored --nocapture
+/// model_level`.
 #[test]
 #[ignore]
 fn gptq_beats_ref_and_same_size_q3k_m_imatrix_at_model_level() {
@@ -454,50 +461,75 @@ fn gptq_beats_ref_and_same_size_q3k_m_imatrix_at_model_level() {
         s(&imat),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let gptq = d.join("gptq.gguf");
-    quantize_demo(
-        &gptq,
-        &[
-            "--calib",
-            t,
-            "--calib-tokens",
-            "8192",
-            "--promote",
-            "28",
-            "--threads",
-            "2",
-        ],
-    );
-    // The fallback types of the PN file are real (no stand-ins).
-    let budget = bytes_per_2d_weight(&gptq);
-    let mix = format!("q3k-m@{budget:.6}");
-    let runs: [(&str, Vec<&str>); 2] = [
-        ("ref", vec!["--promote", "28"]),
-        ("q3k", vec!["--mix", &mix, "--imatrix", s(&imat)]),
+    let pn_mix = format!("P0k@{SAME_SIZE_BUDGET}");
+    let k_mix = format!("q3k-m@{SAME_SIZE_BUDGET}");
+    let mut pn_args = vec![
+        "--mix",
+        pn_mix.as_str(),
+        "--kquant-fallback",
+        "simulate",
+        "--imatrix",
+        s(&imat),
+        "--threads",
+        "2",
+    ];
+    pn_args.extend(SAME_SIZE_FIXED);
+    let mut k_args = vec![
+        "--mix",
+        k_mix.as_str(),
+        "--imatrix",
+        s(&imat),
+        "--threads",
+        "2",
+    ];
+    k_args.extend(SAME_SIZE_FIXED);
+    let runs: [(&str, Vec<&str>); 3] = [
+        (
+            "gptq",
+            [&pn_args[..], &["--calib", t, "--calib-tokens", "8192"]].concat(),
+        ),
+        ("ref", pn_args.clone()),
+        ("q3k", k_args),
     ];
     let tokens: Vec<u32> =
         pn_runtime::quantize::eval::read_tokens(&pn_tests::data(pn_tests::DEMO, "tokens_val.json"))
             .unwrap();
     let (lf, vocab) = pn_runtime::quantize::eval::model_logits(&demo_f16(), &tokens, 2).unwrap();
-    let kl_of = |p: &Path| {
-        let (lq, _) = pn_runtime::quantize::eval::model_logits(p, &tokens, 2).unwrap();
-        pn_runtime::quantize::eval::compare_logits(&lf, &lq, vocab, Some(&tokens))
-    };
-    let g = kl_of(&gptq);
-    eprintln!(
-        "gptq: {budget:.4} B/weight, mean KL {:.6} top-1 {:.4}",
-        g.mean_kl, g.top1
-    );
     let mut kl = Vec::new();
     for (name, extra) in &runs {
         let out = d.join(format!("{name}.gguf"));
-        quantize_demo(&out, &[&extra[..], &["--threads", "2"]].concat());
-        let k = kl_of(&out);
-        eprintln!("{name}: mean KL {:.6} top-1 {:.4}", k.mean_kl, k.top1);
-        kl.push((out, k));
+        // Its size table counts the stand-ins at their nominal size.
+        let table = quantize_demo(&out, extra);
+        let (lq, _) = pn_runtime::quantize::eval::model_logits(&out, &tokens, 2).unwrap();
+        let k = pn_runtime::quantize::eval::compare_logits(&lf, &lq, vocab, Some(&tokens));
+        eprintln!(
+            "{name}: mean KL {:.6} top-1 {:.4}\n{table}",
+            k.mean_kl, k.top1
+        );
+        kl.push((out, k, table));
     }
-    // (The q3k-m budget counts the F32 stand-ins at their K-quant's nominal size.)
-    let (r, q) = (&kl[0].1, &kl[1].1);
+    // Both sizes from each run's own size table (nominal bytes for the stand-ins).
+    let size = |table: &str| -> f64 {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("total (tensor data)"))
+            .unwrap_or_else(|| panic!("no total line in {table}"));
+        let nums: Vec<f64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // n, weights, bytes, bpw: bytes per 2-D weight, with the vectors' few F32 bytes.
+        nums[2] / nums[1]
+    };
+    let (sg, sq) = (size(&kl[0].2), size(&kl[2].2));
+    let budget: f64 = SAME_SIZE_BUDGET.parse().unwrap();
+    eprintln!("bytes per weight (all tensors, nominal): gptq {sg:.5} q3k {sq:.5}");
+    assert!(
+        (sg - sq).abs() < 0.005,
+        "gptq {sg} q3k {sq}: not the same size"
+    );
+    assert!(sg < budget + 0.01 && sq < budget + 0.01, "{sg} {sq}");
+    let (g, r, q) = (&kl[0].1, &kl[1].1, &kl[2].1);
     assert!(
         g.mean_kl < r.mean_kl && g.mean_kl < q.mean_kl,
         "gptq {g:?} ref {r:?} q3k-m {q:?}"

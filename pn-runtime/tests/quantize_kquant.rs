@@ -1,13 +1,15 @@
 //! The stock K-quant side of `pn quantize` on the tiny-qwen35 model: the `q3k-m` mixes
 //! (llama.cpp's Q3_K_M recipe, measured promotions up to a step count or a byte budget) and the
 //! importance-weighted K-quant/Q8_0 encoding with `--imatrix` (lower weighted error than the
-//! unweighted encoding, recorded in `pn.quantizer.kquant_method`).
+//! unweighted encoding, recorded in `pn.quantizer.kquant_method`); and the tools of a fair
+//! same-size comparison: `--tensor-type` overrides that no climb moves, and `P0k@B`, the PN
+//! mix climbing pn3t -> pn4t -> Q8_0 to the same byte budget.
 
 use gguf_io::{GgmlType, GgufFile};
 use pn_runtime::quantize::imatrix::{Entry, ImatrixData};
 use pn_runtime::quantize::{
-    no_progress, quantize_model, Mix, QuantizeOptions, QuantizeSummary, KEY_QUANTIZER_KQUANT,
-    KEY_QUANTIZER_KQUANT_TENSORS,
+    no_progress, quantize_model, FallbackPolicy, Mix, QuantizeOptions, QuantizeSummary,
+    KEY_QUANTIZER_KQUANT, KEY_QUANTIZER_KQUANT_TENSORS,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -212,5 +214,122 @@ fn imatrix_weights_the_kquants_and_is_recorded() {
     let f = GgufFile::open(&pn).unwrap();
     assert_eq!(f.get_str(KEY_QUANTIZER_KQUANT).unwrap(), "imatrix");
     assert!(f.get_u32(KEY_QUANTIZER_KQUANT_TENSORS).unwrap() >= 1);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The same-size comparison on the tiny model: with `output` and `token_embd` fixed by
+/// `--tensor-type` (Q6_K and Q4_K stand-ins, counted at their nominal size, as the K-quant mix
+/// has them), `P0k@B` climbs pn3t -> pn4t -> Q8_0 by measured error up to the budget, and
+/// neither it nor `q3k-m@B` moves the fixed tensors. Bad overrides are errors naming them.
+#[test]
+fn p0k_budget_climbs_the_pn_ladder_around_fixed_tensors() {
+    let d = pn_tests::scratch_dir("pnq-p0kb");
+    let input = GgufFile::open(tiny()).unwrap();
+    let fixed = vec![
+        ("output.weight".to_string(), GgmlType::Q6K),
+        ("token_embd.weight".to_string(), GgmlType::Q4K),
+    ];
+    let opts = |out: &str, mix: &str, types: Vec<(String, GgmlType)>| {
+        let mut o = QuantizeOptions::new(tiny(), d.join(out));
+        o.threads = 2;
+        o.mix = Mix::parse(mix).unwrap();
+        o.fallback = Some(FallbackPolicy::Simulate);
+        o.tensor_types = types;
+        o
+    };
+    let run = |out: &str, mix: &str| {
+        quantize_model(
+            &opts(out, mix, fixed.clone()),
+            &no_progress,
+            &AtomicBool::new(false),
+        )
+        .unwrap()
+    };
+    let check_fixed = |s: &QuantizeSummary| {
+        for (name, ty, block_bytes) in [
+            ("output.weight", "q6_K", 210),
+            ("token_embd.weight", "q4_K", 144),
+        ] {
+            let t = s.tensors.iter().find(|t| t.name == name).unwrap();
+            assert_eq!(t.ty, ty, "{name} in {}", s.mix);
+            assert!(
+                t.simulated && t.nominal_bytes == t.params * block_bytes / 256,
+                "{name}"
+            );
+            assert!(
+                !s.promoted.iter().any(|p| p == name),
+                "{name} climbed in {}",
+                s.mix
+            );
+        }
+    };
+    let base = run("base.gguf", "P0k");
+    check_fixed(&base);
+    let all4 = run("all4.gguf", "pn4t");
+    check_fixed(&all4);
+    let (b0, b4) = (
+        bytes_per_weight(&base, &input),
+        bytes_per_weight(&all4, &input),
+    );
+    assert!(b4 > b0 + 0.02, "{b0} {b4}");
+    // Past all-pn4t, so the climb has to take pn4t -> Q8_0 steps too.
+    let budget = b4 + 0.03;
+    let mix = Mix::parse(&format!("P0k@{budget}")).unwrap().to_string();
+    let up = run("up.gguf", &mix);
+    check_fixed(&up);
+    assert_eq!(up.mix, mix);
+    let b1 = bytes_per_weight(&up, &input);
+    // (The budget is kept in millionths of a byte.)
+    assert!(
+        b1 <= budget + 1e-6 && b1 > b4,
+        "{b0} {b4} -> {b1} (budget {budget})"
+    );
+    let ladder = ["pn3t", "pn4t", "q8_0"];
+    let rank = |t: &str| ladder.iter().position(|x| *x == t);
+    let mut q8 = 0;
+    for t in &up.tensors {
+        let was = ty_of(&base, &t.name);
+        if t.ty == was {
+            assert!(!up.promoted.contains(&t.name), "{}", t.name);
+            continue;
+        }
+        // Only up the PN ladder, and every step is listed.
+        assert!(
+            rank(was).is_some() && rank(t.ty) > rank(was),
+            "{} {was} -> {}",
+            t.name,
+            t.ty
+        );
+        let steps = up.promoted.iter().filter(|p| **p == t.name).count();
+        assert_eq!(
+            Some(steps),
+            rank(t.ty).zip(rank(was)).map(|(a, b)| a - b),
+            "{}",
+            t.name
+        );
+        q8 += usize::from(t.ty == "q8_0");
+    }
+    assert!(q8 > 0, "no pn4t -> q8_0 step within {budget}");
+    let f = GgufFile::open(d.join("up.gguf")).unwrap();
+    assert_eq!(f.get_str("pn.mix").unwrap(), mix);
+    // The K-quant mix with the same fixed tensors, at the same budget.
+    let k = run("k.gguf", &format!("q3k-m@{budget}"));
+    check_fixed(&k);
+    assert!(bytes_per_weight(&k, &input) <= budget + 1e-6);
+    // Overrides that cannot apply name the tensor and say why.
+    for (name, ty, why) in [
+        (
+            "blk.0.nope.weight",
+            GgmlType::Q8_0,
+            "no tensor of that name",
+        ),
+        ("blk.0.attn_norm.weight", GgmlType::Q8_0, "only matrices"),
+        ("blk.0.ffn_down.weight", GgmlType::Pn3t, "no multiple of 80"),
+    ] {
+        let o = opts("bad.gguf", "P0k", vec![(name.to_string(), ty)]);
+        let e = quantize_model(&o, &no_progress, &AtomicBool::new(false)).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(name) && msg.contains(why), "{msg}");
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -114,8 +114,18 @@ pub enum QuantizeError {
         msg: String,
     },
     /// An unknown mix name.
-    #[error("unknown mix {0:?} (known: P0k+N, e.g. P0k+19; P0k; pn4t; q3k-like; all-q3_K; all-q4_K; all-q8_0)")]
+    #[error("unknown mix {0:?} (known: P0k+N, e.g. P0k+19; P0k; P0k@B, e.g. P0k@0.609; pn4t; q3k-like; q3k-m+N; q3k-m@B; all-q3_K; all-q4_K; all-q8_0)")]
     UnknownMix(String),
+    /// A `--tensor-type NAME=TYPE` override that cannot be applied.
+    #[error("--tensor-type {tensor}={ty}: {why}")]
+    TensorType {
+        /// The tensor named.
+        tensor: String,
+        /// The type asked for.
+        ty: String,
+        /// Why it cannot be applied.
+        why: String,
+    },
     /// The importance matrix file is malformed.
     #[error("imatrix {path}: {why}")]
     Imatrix {

@@ -12,6 +12,11 @@
 //! whose relative error at its current type is the largest (importance-weighted when an
 //! imatrix covers the tensor), re-measures it at the new type, and repeats. With a budget, a
 //! step that would take the file over it is skipped and the next-worst tensor tried.
+//!
+//! The same climb serves the PN side of a same-size comparison (`P0k@B`): [`Ladder::Pn`] steps
+//! pn3t -> pn4t -> Q8_0 by the same measured rule, so both mixes spend a byte budget the same
+//! way. Tensors whose type was fixed by `--tensor-type`, and the MTP block's, are no candidates
+//! in either ladder.
 
 use super::codec::ErrStats;
 use super::error::QuantizeError;
@@ -63,6 +68,48 @@ pub fn step_up(ty: GgmlType) -> Option<GgmlType> {
     }
 }
 
+/// Which ladder a climb uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ladder {
+    /// Q3_K -> Q4_K -> Q5_K -> Q6_K ([`step_up`]).
+    KQuant,
+    /// pn3t -> pn4t -> Q8_0 (the PN mixes' types; Q8_0 is stored unrotated).
+    Pn,
+}
+
+impl Ladder {
+    /// The next type up from `t` on this ladder, if any.
+    pub fn next(self, t: Target) -> Option<Target> {
+        match (self, t) {
+            (Ladder::KQuant, Target::Stock(ty)) => step_up(ty).map(Target::Stock),
+            (Ladder::Pn, Target::Pn3t) => Some(Target::Pn4t),
+            (Ladder::Pn, Target::Pn4t) => Some(Target::Stock(GgmlType::Q8_0)),
+            _ => None,
+        }
+    }
+}
+
+/// Re-targets `t` to `to`: PN types keep the file's rotation `rotation`, stock types are stored
+/// unrotated. `None` when `to` cannot hold a row of `t` (its block does not divide K; a K-quant
+/// stand-in that is already simulated stays simulated).
+pub fn retarget(t: &TensorPlan, to: Target, rotation: Option<usize>) -> Option<TensorPlan> {
+    let k = t.encoder.k;
+    let tiles = k.is_multiple_of(to.ggml().block_size());
+    // An F32 stand-in of a K-quant can stand in for the next K-quant too.
+    let stand_in = t.encoder.simulated && !to.is_pn();
+    if !(tiles || stand_in) {
+        return None;
+    }
+    if to.is_pn() && rotation.is_some_and(|r| !k.is_multiple_of(r)) {
+        return None;
+    }
+    let mut p = t.clone();
+    p.encoder.target = to;
+    p.encoder.rotation = if to.is_pn() { rotation } else { None };
+    p.encoder.simulated = t.encoder.simulated && !tiles;
+    Some(p)
+}
+
 /// True for the `q3k-m` mixes.
 pub fn is_q3km(kind: MixKind) -> bool {
     matches!(kind, MixKind::Q3kM | MixKind::Q3kMBudget(_))
@@ -99,11 +146,14 @@ pub struct Step {
     pub rel: f64,
 }
 
-/// Climbs the ladder; `measure` encodes one tensor as planned and returns its error sums.
-/// Tensors with a measured real fallback are not candidates (their type was chosen for parity).
+/// Climbs `ladder`; `measure` encodes one tensor as planned and returns its error sums.
+/// Tensors with a measured real fallback are not candidates (their type was chosen for parity),
+/// nor are tensors whose type was fixed (`--tensor-type`), nor the MTP block's (they do not
+/// change the main head's output: bytes spent there buy no quality the budget is judged by).
 pub fn climb(
     plan: &mut ModelPlan,
     limit: Climb,
+    ladder: Ladder,
     mut measure: impl FnMut(&TensorPlan) -> Result<ErrStats, QuantizeError>,
 ) -> Result<Vec<Step>, QuantizeError> {
     let max_steps = match limit {
@@ -114,9 +164,12 @@ pub fn climb(
     if max_steps == 0 {
         return Ok(steps);
     }
+    let rotation = plan.rotation;
     let candidate = |t: &TensorPlan| {
         t.fallback.is_none()
-            && matches!(t.encoder.target, Target::Stock(ty) if step_up(ty).is_some())
+            && !t.fixed
+            && !t.mtp
+            && ladder.next(t.encoder.target).is_some()
             && !matches!(t.role, Role::Vector | Role::SsmAlphaBeta)
     };
     // (relative error at the current type, tensor index); re-measured after each step.
@@ -135,35 +188,38 @@ pub fn climb(
         let mut took = None;
         for (pos, &(rel, i)) in scored.iter().enumerate() {
             let t = &plan.tensors[i];
-            let Target::Stock(from) = t.encoder.target else {
+            let from = t.encoder.target;
+            let Some(to) = ladder.next(from) else {
                 continue;
             };
-            let Some(to) = step_up(from) else { continue };
-            let mut probe = t.clone();
-            probe.encoder.target = Target::Stock(to);
+            let Some(probe) = retarget(t, to, rotation) else {
+                continue;
+            };
             let new_bytes = bytes - t.nominal_bytes() + probe.nominal_bytes();
             if let Climb::Budget(b) = limit {
                 if params == 0 || new_bytes as f64 / params as f64 > b {
                     continue;
                 }
             }
-            took = Some((pos, i, from, to, rel, new_bytes));
+            took = Some((pos, i, probe, rel, new_bytes));
             break;
         }
-        let Some((pos, i, from, to, rel, new_bytes)) = took else {
+        let Some((pos, i, probe, rel, new_bytes)) = took else {
             break;
         };
         bytes = new_bytes;
+        let from = plan.tensors[i].encoder.target.ggml();
+        let to = probe.encoder.target;
+        plan.tensors[i] = probe;
         let t = &mut plan.tensors[i];
-        t.encoder.target = Target::Stock(to);
         t.promoted = true;
         steps.push(Step {
             name: t.name().to_string(),
             from,
-            to,
+            to: to.ggml(),
             rel,
         });
-        if step_up(to).is_some() {
+        if ladder.next(to).is_some() {
             scored[pos].0 = measure(&plan.tensors[i])?.rel_weighted();
         } else {
             scored.remove(pos);

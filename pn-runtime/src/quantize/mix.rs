@@ -157,6 +157,10 @@ impl Target {
 pub enum MixKind {
     /// The PN3 mix of section 7 (`P0k+N`: N promotions).
     P0k,
+    /// The P0k types, then measured steps up the PN ladder pn3t -> pn4t -> Q8_0
+    /// ([`super::kmix::Ladder::Pn`]) while the bytes per 2-D weight stay at or under this many
+    /// millionths of a byte: `P0k@0.609`, the PN side of a same-size comparison.
+    P0kBudget(u32),
     /// Every PN tensor pn4t (no pn3t, nothing to promote).
     AllPn4t,
     /// The stock stand-in of P0k at about the same size: Q3_K where P0k has pn3t, Q4_K where it
@@ -190,12 +194,21 @@ impl Mix {
         }
     }
 
-    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `pn4t`, `q3k-like`, `q3k-m+N`,
-    /// `q3k-m@BYTES_PER_WEIGHT`, `all-q3_K`, `all-q4_K`, `all-q8_0` (case-insensitive).
+    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `P0k@BYTES_PER_WEIGHT`, `pn4t`,
+    /// `q3k-like`, `q3k-m+N`, `q3k-m@BYTES_PER_WEIGHT`, `all-q3_K`, `all-q4_K`, `all-q8_0`
+    /// (case-insensitive).
     pub fn parse(name: &str) -> Result<Mix, QuantizeError> {
         let lower = name.to_ascii_lowercase();
         let bad = || QuantizeError::UnknownMix(name.to_string());
         let kind_only = |kind| Ok(Mix { kind, promote: 0 });
+        // A budget in millionths of a byte per weight.
+        let budget = |b: &str| -> Result<u32, QuantizeError> {
+            let b: f64 = b.parse().map_err(|_| bad())?;
+            if !(b.is_finite() && b > 0.0 && b < 100.0) {
+                return Err(bad());
+            }
+            Ok((b * 1e6).round() as u32)
+        };
         match lower.as_str() {
             "p0k" => kind_only(MixKind::P0k),
             "pn4t" | "all-pn4t" => kind_only(MixKind::AllPn4t),
@@ -205,11 +218,10 @@ impl Mix {
             "all-q4_k" | "all-q4k" => kind_only(MixKind::AllStock(GgmlType::Q4K)),
             "all-q8_0" | "all-q8" => kind_only(MixKind::AllStock(GgmlType::Q8_0)),
             _ if lower.starts_with("q3k-m@") => {
-                let b: f64 = lower["q3k-m@".len()..].parse().map_err(|_| bad())?;
-                if !(b.is_finite() && b > 0.0 && b < 100.0) {
-                    return Err(bad());
-                }
-                kind_only(MixKind::Q3kMBudget((b * 1e6).round() as u32))
+                kind_only(MixKind::Q3kMBudget(budget(&lower["q3k-m@".len()..])?))
+            }
+            _ if lower.starts_with("p0k@") => {
+                kind_only(MixKind::P0kBudget(budget(&lower["p0k@".len()..])?))
             }
             _ if lower.starts_with("q3k-m+") => {
                 let promote = lower["q3k-m+".len()..].parse().map_err(|_| bad())?;
@@ -249,8 +261,8 @@ impl Mix {
             (_, Role::TokenEmbd) => stock(G::Q3K),
             (_, Role::Output) => stock(G::Q4K),
             (_, Role::SsmAlphaBeta) => stock(G::Q8_0),
-            (MixKind::P0k, Role::ResidualReader) => Target::Pn3t,
-            (MixKind::P0k | MixKind::AllPn4t, _) => Target::Pn4t,
+            (MixKind::P0k | MixKind::P0kBudget(_), Role::ResidualReader) => Target::Pn3t,
+            (MixKind::P0k | MixKind::P0kBudget(_) | MixKind::AllPn4t, _) => Target::Pn4t,
             // The q3k-m recipe is per tensor name (`kmix::recipe_type`); by role it starts as
             // q3k-like.
             (MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_), Role::ResidualReader) => {
@@ -266,6 +278,7 @@ impl fmt::Display for Mix {
         match self.kind {
             MixKind::P0k if self.promote == 0 => write!(f, "P0k"),
             MixKind::P0k => write!(f, "P0k+{}", self.promote),
+            MixKind::P0kBudget(b) => write!(f, "P0k@{}", f64::from(b) / 1e6),
             MixKind::AllPn4t => write!(f, "pn4t"),
             MixKind::Q3kLike => write!(f, "q3k-like"),
             MixKind::Q3kM => write!(f, "q3k-m+{}", self.promote),
@@ -324,6 +337,7 @@ mod tests {
             "all-q8_0",
             "q3k-m+7",
             "q3k-m@0.609",
+            "P0k@0.609",
         ] {
             let m = Mix::parse(n).unwrap();
             assert_eq!(Mix::parse(&m.to_string()).unwrap(), m, "{n}");
@@ -336,6 +350,12 @@ mod tests {
             MixKind::Q3kMBudget(609_000)
         );
         assert!(Mix::parse("q3k-m@x").is_err() && Mix::parse("q3k-m@-1").is_err());
+        let pb = Mix::parse("p0k@0.5").unwrap();
+        assert_eq!(pb.kind, MixKind::P0kBudget(500_000));
+        assert_eq!(pb.target(Role::ResidualReader), Target::Pn3t);
+        assert_eq!(pb.target(Role::OtherK), Target::Pn4t);
+        assert_eq!(pb.effective_promote(), 0);
+        assert!(Mix::parse("p0k@0").is_err() && Mix::parse("p0k@").is_err());
         assert_eq!(Mix::p0k19().target(Role::ResidualReader), Target::Pn3t);
         assert_eq!(Mix::p0k19().target(Role::AttnKv), Target::Pn4t);
         assert_eq!(

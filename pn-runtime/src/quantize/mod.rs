@@ -104,6 +104,9 @@ pub struct QuantizeOptions {
     pub method: Option<Method>,
     /// Calibration text for the `imatrix` and `gptq` methods.
     pub calib: Option<CalibInput>,
+    /// Per-tensor type overrides (`--tensor-type NAME=TYPE`), fixed before any promotion
+    /// ([`plan::apply_overrides`]).
+    pub tensor_types: Vec<(String, GgmlType)>,
 }
 
 /// Calibration text and how much of it to run.
@@ -135,6 +138,7 @@ impl QuantizeOptions {
             fallback: None,
             method: None,
             calib: None,
+            tensor_types: Vec::new(),
         }
     }
 }
@@ -186,6 +190,7 @@ pub fn quantize_model(
         .fallback
         .unwrap_or_else(|| FallbackPolicy::default_for(mix.kind));
     let mut plan = plan::make_plan(&file, &opts.input, &mix, opts.rotation, policy)?;
+    plan::apply_overrides(&mut plan, &opts.tensor_types, policy)?;
     // Refuse an existing output before the long ranking pass, not after it.
     if opts.output.exists() && !opts.force {
         return Err(QuantizeError::OutputExists(opts.output.clone()));
@@ -235,7 +240,7 @@ pub fn quantize_model(
     let ranked = promote(&pass, &mut plan, &ranking)?;
     let mut promoted = ranked.promoted.clone();
     promoted.extend(climbed.iter().flatten().map(|s| s.name.clone()));
-    let mix_name = if let Some(steps) = &climbed {
+    let mix_name = if let Some(steps) = climbed.as_ref().filter(|_| kmix::is_q3km(mix.kind)) {
         format!("q3k-m+{}", steps.len())
     } else if mix.kind == MixKind::P0k {
         Mix {
@@ -571,24 +576,29 @@ fn resolve_fallbacks(pass: &Pass<'_>, plan: &mut plan::ModelPlan) -> Result<(), 
     Ok(())
 }
 
-/// For the `q3k-m` mixes, climbs the K-quant ladder ([`kmix::climb`]) by each tensor's measured
-/// (importance-weighted, with an imatrix) relative error; `None` for the other mixes.
+/// For the `q3k-m` mixes, climbs the K-quant ladder, for `P0k@B` the PN ladder
+/// ([`kmix::climb`]), by each tensor's measured (importance-weighted, with an imatrix) relative
+/// error; `None` for the other mixes.
 fn climb_ladder(
     pass: &Pass<'_>,
     plan: &mut plan::ModelPlan,
     mix: &Mix,
     importance: Option<&imatrix::Importance>,
 ) -> Result<Option<Vec<kmix::Step>>, QuantizeError> {
-    let limit = match mix.kind {
-        MixKind::Q3kM => kmix::Climb::Steps(mix.promote),
-        MixKind::Q3kMBudget(b) => kmix::Climb::Budget(f64::from(b) / 1e6),
+    let (limit, ladder) = match mix.kind {
+        MixKind::Q3kM => (kmix::Climb::Steps(mix.promote), kmix::Ladder::KQuant),
+        MixKind::Q3kMBudget(b) => (
+            kmix::Climb::Budget(f64::from(b) / 1e6),
+            kmix::Ladder::KQuant,
+        ),
+        MixKind::P0kBudget(b) => (kmix::Climb::Budget(f64::from(b) / 1e6), kmix::Ladder::Pn),
         _ => return Ok(None),
     };
     (pass.progress)(Progress::Phase {
         label: "ranking",
         total_bytes: plan.tensors.iter().map(|t| t.in_bytes).sum(),
     });
-    let steps = kmix::climb(plan, limit, |t| {
+    let steps = kmix::climb(plan, limit, ladder, |t| {
         (pass.progress)(Progress::Tensor { name: t.name() });
         let imp = importance
             .and_then(|m| m.get(t.name()))
@@ -596,6 +606,10 @@ fn climb_ladder(
             .map(|v| v.as_slice());
         encode_one(pass, t, false, false, imp).map(|r| r.1)
     })?;
+    // A PN tensor stepped up to Q8_0 is a stock tensor now: weighted like the others.
+    if let Some(imp) = importance {
+        plan::set_stock_weights(plan, imp);
+    }
     Ok(Some(steps))
 }
 
@@ -654,8 +668,9 @@ fn promote(
     };
     let candidates: Vec<usize> = (0..plan.tensors.len())
         .filter(|&i| plan.tensors[i].encoder.target == Target::Pn3t)
-        // A fallback type is chosen for quality parity, not ranked for promotion.
-        .filter(|&i| plan.tensors[i].fallback.is_none())
+        // A fallback type is chosen for quality parity, an override by the user: neither is
+        // ranked for promotion.
+        .filter(|&i| plan.tensors[i].fallback.is_none() && !plan.tensors[i].fixed)
         // A promoted tensor must also hold whole pn4t blocks.
         .filter(|&i| plan.tensors[i].encoder.k.is_multiple_of(64))
         .collect();

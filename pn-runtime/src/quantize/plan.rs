@@ -33,6 +33,11 @@ pub struct TensorPlan {
     pub fallback_from: Option<GgmlType>,
     /// The measured fallback decision, once made.
     pub fallback: Option<FallbackChoice>,
+    /// The type was fixed by a `--tensor-type` override: no promotion or climb changes it.
+    pub fixed: bool,
+    /// The tensor belongs to the multi-token-prediction block (`blk.N.*` with `N` past the
+    /// trunk): it does not change the main head's output, so the byte-budget climbs leave it.
+    pub mtp: bool,
 }
 
 impl TensorPlan {
@@ -111,6 +116,11 @@ pub fn make_plan(
         .filter(|i| i.name.contains("ffn_down"))
         .count();
     let mut attn_v_seen = 0;
+    // The MTP blocks are the last `nextn_predict_layers` of `block_count`.
+    let first_mtp = file
+        .get_u64("qwen35.block_count")
+        .ok()
+        .map(|b| b.saturating_sub(file.get_u64("qwen35.nextn_predict_layers").unwrap_or(0)));
     for info in file.tensor_infos() {
         let name = info.name.clone();
         if !input_supported(info.ty) {
@@ -170,6 +180,10 @@ pub fn make_plan(
             promoted: false,
             fallback_from,
             fallback: None,
+            fixed: false,
+            mtp: super::stream::layer_of(&info.name)
+                .zip(first_mtp)
+                .is_some_and(|(l, f)| l as u64 >= f),
         });
     }
     let rotated: Vec<(&str, u64)> = tensors
@@ -207,4 +221,88 @@ pub fn set_stock_weights(plan: &mut ModelPlan, importance: &super::imatrix::Impo
         }
     }
     n
+}
+
+/// Parses a `--tensor-type` value `NAME=TYPE` (a ggml type name: `q6_K`, `q8_0`, `pn4t`, ...,
+/// case-insensitive).
+pub fn parse_tensor_type(s: &str) -> Result<(String, GgmlType), QuantizeError> {
+    let bad = |name: &str, ty: &str, why: &str| QuantizeError::TensorType {
+        tensor: name.to_string(),
+        ty: ty.to_string(),
+        why: why.to_string(),
+    };
+    let (name, ty) = s
+        .split_once('=')
+        .ok_or_else(|| bad(s, "", "expected NAME=TYPE, e.g. output.weight=q6_K"))?;
+    let t = GgmlType::ALL
+        .iter()
+        .copied()
+        .find(|t| t.name().eq_ignore_ascii_case(ty))
+        .ok_or_else(|| bad(name, ty, "unknown ggml type name"))?;
+    Ok((name.to_string(), t))
+}
+
+/// Applies `--tensor-type` overrides: each named 2-D matrix gets the type asked for and is
+/// marked [`TensorPlan::fixed`] (no promotion or climb moves it). A PN type takes the plan's
+/// rotation and must tile K and the rotation block; a stock type whose block does not divide K
+/// follows `policy` as the mix's own types do (an F32 stand-in counted at its nominal size, or a
+/// measured real fallback). Used to give two mixes the same non-trunk tensors in a same-size
+/// comparison (see the README's quantizing section).
+pub fn apply_overrides(
+    plan: &mut ModelPlan,
+    overrides: &[(String, GgmlType)],
+    policy: FallbackPolicy,
+) -> Result<(), QuantizeError> {
+    for (name, ty) in overrides {
+        let bad = |why: String| QuantizeError::TensorType {
+            tensor: name.clone(),
+            ty: ty.name().to_string(),
+            why,
+        };
+        let t = plan
+            .tensors
+            .iter_mut()
+            .find(|t| t.name() == name)
+            .ok_or_else(|| bad("no tensor of that name in the input".into()))?;
+        if matches!(t.role, Role::Vector) {
+            return Err(bad(
+                "only matrices can be re-typed (vectors stay F32)".into()
+            ));
+        }
+        let target = match ty {
+            GgmlType::Pn3t => Target::Pn3t,
+            GgmlType::Pn4t => Target::Pn4t,
+            other if gguf_io::quants::QUANTIZABLE.contains(other) => Target::Stock(*other),
+            other => {
+                return Err(bad(format!(
+                    "{} is not a type pn quantize writes",
+                    other.name()
+                )))
+            }
+        };
+        let k = t.encoder.k;
+        let tiles = k.is_multiple_of(target.ggml().block_size());
+        if target.is_pn() {
+            if !tiles {
+                return Err(bad(format!(
+                    "K = {k} is no multiple of {}",
+                    target.ggml().block_size()
+                )));
+            }
+            if let Some(r) = plan.rotation.filter(|&r| !k.is_multiple_of(r)) {
+                return Err(bad(format!(
+                    "K = {k} is no multiple of the rotation block {r}"
+                )));
+            }
+        }
+        t.encoder.target = target;
+        t.encoder.rotation = if target.is_pn() { plan.rotation } else { None };
+        t.encoder.simulated = !tiles && policy == FallbackPolicy::Simulate;
+        t.fallback_from = match target {
+            Target::Stock(s) if !tiles && policy == FallbackPolicy::Real => Some(s),
+            _ => None,
+        };
+        t.fixed = true;
+    }
+    Ok(())
 }

@@ -16,7 +16,8 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF (refused if it exists, unless --force).
     pub output: PathBuf,
-    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), pn4t, q3k-like, q3k-m+N
+    /// Type mix: P0k+N (default P0k+19), P0k (no promotion), P0k@B (steps up pn3t -> pn4t ->
+    /// q8_0 up to B bytes per 2-D weight), pn4t, q3k-like, q3k-m+N
     /// (llama.cpp's Q3_K_M recipe + N measured K-quant steps), q3k-m@B (steps up to B bytes
     /// per 2-D weight), all-q3_K, all-q4_K, all-q8_0.
     #[arg(long, default_value = "P0k+19")]
@@ -40,6 +41,11 @@ pub struct Args {
     /// simulate for the stock baselines (q3k-like, all-*).
     #[arg(long, value_parser = parse_fallback)]
     pub kquant_fallback: Option<FallbackPolicy>,
+    /// Fix one tensor's type, NAME=TYPE (repeatable; a ggml type name: q6_K, q4_K, q8_0, pn4t,
+    /// ...): no promotion or climb moves it. A K-quant whose block does not divide K follows
+    /// --kquant-fallback. Gives two mixes the same embedding and head in a same-size comparison.
+    #[arg(long = "tensor-type", value_parser = parse_tensor_type)]
+    pub tensor_types: Vec<(String, gguf_io::GgmlType)>,
     /// Worker threads (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -77,6 +83,10 @@ fn parse_method(s: &str) -> Result<Method, String> {
     Method::parse(s).ok_or_else(|| format!("unknown method `{s}` (expected ref, imatrix or gptq)"))
 }
 
+fn parse_tensor_type(s: &str) -> Result<(String, gguf_io::GgmlType), String> {
+    pn_runtime::quantize::plan::parse_tensor_type(s).map_err(|e| e.to_string())
+}
+
 fn parse_fallback(s: &str) -> Result<FallbackPolicy, String> {
     FallbackPolicy::parse(s)
         .ok_or_else(|| format!("unknown fallback `{s}` (expected real or simulate)"))
@@ -98,6 +108,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     opts.report = args.report;
     opts.fallback = args.kquant_fallback;
     opts.method = args.method;
+    opts.tensor_types = args.tensor_types;
     opts.calib = args.calib.map(|text| CalibInput {
         text,
         max_tokens: Some(args.calib_tokens),
@@ -127,9 +138,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", summary.report_table());
     }
     if !summary.promoted.is_empty() {
-        // q3k-m mixes promote up the K-quant ladder, the PN mixes from pn3t to pn4t.
+        // q3k-m mixes promote up the K-quant ladder, P0k@B up pn3t -> pn4t -> q8_0 (a name per
+        // step), the other PN mixes from pn3t to pn4t.
         let to = if summary.mix.starts_with("q3k-m") {
             "one K-quant step up"
+        } else if summary.mix.contains('@') {
+            "one step up pn3t -> pn4t -> q8_0"
         } else {
             "to pn4t"
         };
