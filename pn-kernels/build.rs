@@ -165,6 +165,8 @@ fn build_host_shim(manifest: &Path) {
         "emu_ops.cpp",
         "emu_fuse.cpp",
         "emu_mixer.cpp",
+        "emu_q8_group.cpp",
+        "emu_delta_conv.cpp",
     ] {
         println!("cargo:rerun-if-changed=host/{f}");
         emu.file(manifest.join("host").join(f));

@@ -3,6 +3,7 @@
 // (src/gpu/mixer.rs).
 #include "common.cuh"
 #include "hadamard.cuh"
+#include "rowsync.cuh"
 
 namespace kmix {
 #include "mixer.cu"
@@ -33,10 +34,13 @@ int pn_emu_sigmoid_gate_hadamard(const float* x, const float* g, float* out, int
     return emu::launch3(EmuDim3{grid, 1, 1}, threads, (unsigned)(R * 4), body) ? 0 : -1;
 }
 
-// gated_rms_norm_hadamard_f32 on len / span blocks of 128 threads, span floats of shared memory.
+// gated_rms_norm_hadamard_f32 on len / span blocks of 128 threads, span floats of shared memory;
+// xh (null: no fp16 copy), e, sync (2 zeroed words per row) and row_len as the kernel takes them.
 int pn_emu_gated_rms_norm_hadamard(const float* o, const float* z, const float* w, float* out, int n, float eps, int span,
-                                   int R, float scale, unsigned grid) {
-    std::function<void()> body = [&] { kmix::gated_rms_norm_hadamard_f32(o, z, w, out, n, eps, span, R, scale); };
+                                   int R, float scale, unsigned grid, void* xh, int* e, unsigned* sync, int row_len) {
+    std::function<void()> body = [&] {
+        kmix::gated_rms_norm_hadamard_f32(o, z, w, out, n, eps, span, R, scale, (__half2*)xh, e, sync, row_len);
+    };
     return emu::launch3(EmuDim3{grid, 1, 1}, 128, (unsigned)(span * 4), body) ? 0 : -1;
 }
 
@@ -51,11 +55,14 @@ int pn_emu_rms_norm_hadamard_dual(const float* x, long long x_stride, float* y, 
 }
 
 // attn_combine_gate_hadamard_f32 on len / R blocks of clamp(R/2, 32, 512) threads, R floats of
-// shared memory (len = T * n_head * 256).
+// shared memory (len = T * n_head * 256); xh (null: no fp16 copy), e and sync (2 zeroed words
+// per token) as the kernel takes them.
 int pn_emu_attn_combine_gate_hadamard(const float* part_o, const float* part_ml, int n_split, int n_head, const float* g,
-                                      long long g_ts, long long g_hs, float* out, int R, float scale, unsigned grid) {
+                                      long long g_ts, long long g_hs, float* out, int R, float scale, unsigned grid, void* xh,
+                                      int* e, unsigned* sync) {
     std::function<void()> body = [&] {
-        kmix::attn_combine_gate_hadamard_f32(part_o, part_ml, n_split, n_head, g, g_ts, g_hs, out, R, scale);
+        kmix::attn_combine_gate_hadamard_f32(part_o, part_ml, n_split, n_head, g, g_ts, g_hs, out, R, scale, (__half2*)xh, e,
+                                             sync);
     };
     const unsigned threads = (unsigned)(R / 2 < 32 ? 32 : (R / 2 > 512 ? 512 : R / 2));
     return emu::launch3(EmuDim3{grid, 1, 1}, threads, (unsigned)(R * 4), body) ? 0 : -1;

@@ -4,12 +4,17 @@
 // `static` here so that these copies of the entry points have internal linkage and cannot clash
 // with another host file that includes the same source.
 #include "common.cuh"
+// Before the namespaces: conv1d.cu and delta_rule.cu both use these headers.
+#include "conv1d.cuh"
 #include "ggml_blocks.cuh"
+#include "rowsync.cuh"
 #include "pn_block.cuh"
 #include <cstring>
 
 #undef __global__
-#define __global__ static
+// inline: a kernel no launch below calls (delta_rule.cu's conv variant, emu_delta_conv.cpp's)
+// is no unused-function warning.
+#define __global__ static inline
 
 namespace kmm {
 #include "matmul.cu"

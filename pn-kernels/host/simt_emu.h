@@ -339,6 +339,26 @@ template <class T> __attribute__((noinline)) T __ldg(const T* p) {
     return *p;
 }
 
+// Global atomics and the memory fence (kernels/rowsync.cuh). Fibers switch only at barriers and
+// shuffles, and blocks run one after another, so each read-modify-write is atomic as written
+// and every block's writes are visible to the blocks after it.
+inline unsigned atomicInc(unsigned* a, unsigned v) {
+    const unsigned o = *a;
+    *a = o >= v ? 0u : o + 1u;
+    return o;
+}
+inline unsigned atomicMax(unsigned* a, unsigned v) {
+    const unsigned o = *a;
+    *a = o > v ? o : v;
+    return o;
+}
+inline unsigned atomicExch(unsigned* a, unsigned v) {
+    const unsigned o = *a;
+    *a = v;
+    return o;
+}
+#define __threadfence() ((void)0)
+
 #define threadIdx (emu::thread_idx())
 #define blockIdx (emu::st().block)
 #define blockDim (EmuDim3{emu::st().threads, 1, 1})

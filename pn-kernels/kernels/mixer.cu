@@ -14,7 +14,13 @@
 // - rms_norm_hadamard_dual_f32: the GDN input norm rotated (for the PN qkv/gate) and unrotated
 //   (for the unquantized alpha/beta) from one pass, one launch instead of rms_norm_hadamard_f32
 //   and rms_norm_f32 (both 256 threads, so all three reduce in one order).
+// The two kernels that produce a PN projection's rotated input (the attention merge and the GDN
+// gated norm) also write its prepared fp16 copy when `xh` is given (rows of row_len values: the
+// o-projection's / ssm_out's K), with the bits of pn_prepare_x_h2 on the f32 rows they write:
+// the blocks of a row publish their maximum and the last one converts the row
+// (rowsync.cuh), so the projection needs no prepare launch.
 #include "hadamard.cuh"
+#include "rowsync.cuh"
 
 extern "C" {
 // Per-head RMSNorm (weights wq / wk of n floats) then partial NeoX RoPE (the first n_rot dims,
@@ -86,11 +92,16 @@ __global__ void __launch_bounds__(512) sigmoid_gate_hadamard_f32(const float* __
 // max(n, R) values of block x (span a multiple of both; the rows of the span are normalised one
 // after the other, each by a block-wide sum). o and z contiguous and alike; o is not written.
 // 128 threads (the block size of gated_rms_norm_f32); dynamic shared memory span floats.
+// With xh: the fp16 copy of each row of row_len values (a multiple of span) into xh + row *
+// row_len / 2 and e_out[row]; sync: 2 zeroed words per row.
 __global__ void __launch_bounds__(128) gated_rms_norm_hadamard_f32(const float* __restrict__ o, const float* __restrict__ z,
-                                                                   const float* __restrict__ w, float* __restrict__ out, int n,
-                                                                   float eps, int span, int R, float scale) {
+                                                                   const float* __restrict__ w, float* out, int n,
+                                                                   float eps, int span, int R, float scale,
+                                                                   __half2* __restrict__ xh, int* __restrict__ e_out,
+                                                                   unsigned* sync, int row_len) {
     PN_DYN_SMEM(float, buf);
     PN_SMEM(float, scratch, 32);
+    PN_SMEM(unsigned, bc, 2);
     const long long base = (long long)blockIdx.x * span;
     for (int r0 = 0; r0 < span; r0 += n) {
         const float* orow = o + base + r0;
@@ -103,7 +114,18 @@ __global__ void __launch_bounds__(128) gated_rms_norm_hadamard_f32(const float* 
     }
     __syncthreads();
     pn_fwht_smem(buf, span, R);
-    for (int i = threadIdx.x; i < span; i += blockDim.x) out[base + i] = buf[i] * scale;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < span; i += blockDim.x) {
+        const float v = buf[i] * scale;
+        out[base + i] = v;
+        amax = fmaxf(amax, fabsf(v));
+    }
+    if (xh) {
+        const long long row = base / row_len;
+        amax = pn_block_max(amax, scratch);
+        pn_row_prepare(out + row * row_len, row_len, amax, sync + 2 * row, (unsigned)(row_len / span), xh + row * (row_len / 2),
+                       e_out + row, bc);
+    }
 }
 
 // rms_norm_hadamard_f32 (hadamard.cu) that also writes the unrotated norm: yp = rms(x) * w and
@@ -141,13 +163,18 @@ __global__ void __launch_bounds__(512) rms_norm_hadamard_dual_f32(const float* _
 // output [T][n_head][256]; part_o [T][n_head][n_split][256], part_ml [T][n_head][n_split][2]
 // (max, sum; a sum of 0 marks a split past the query's causal end); the gate of value (t, h, d)
 // at g[t*g_ts + h*g_hs + d]. Each value merges its splits in attn_combine's order. Threads R/2
-// (32..512); dynamic shared memory R floats.
+// (32..512); dynamic shared memory R floats. With xh: the fp16 copy of each token's row
+// (n_head * 256 values, a multiple of R) into xh + t * n_head * 128 and e_out[t]; sync: 2
+// zeroed words per token.
 __global__ void __launch_bounds__(512) attn_combine_gate_hadamard_f32(const float* __restrict__ part_o,
                                                                       const float* __restrict__ part_ml, int n_split,
                                                                       int n_head, const float* __restrict__ g,
-                                                                      long long g_ts, long long g_hs, float* __restrict__ out,
-                                                                      int R, float scale) {
+                                                                      long long g_ts, long long g_hs, float* out,
+                                                                      int R, float scale, __half2* __restrict__ xh,
+                                                                      int* __restrict__ e_out, unsigned* sync) {
     PN_DYN_SMEM(float, buf);
+    PN_SMEM(float, scratch, 32);
+    PN_SMEM(unsigned, bc, 2);
     const long long base = (long long)blockIdx.x * R;
     for (int i = threadIdx.x; i < R; i += blockDim.x) {
         const long long e = base + i, row = e / 256, t = row / n_head, h = row % n_head;
@@ -168,6 +195,18 @@ __global__ void __launch_bounds__(512) attn_combine_gate_hadamard_f32(const floa
     }
     __syncthreads();
     pn_fwht_smem(buf, R, R);
-    for (int i = threadIdx.x; i < R; i += blockDim.x) out[base + i] = buf[i] * scale;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < R; i += blockDim.x) {
+        const float v = buf[i] * scale;
+        out[base + i] = v;
+        amax = fmaxf(amax, fabsf(v));
+    }
+    if (xh) {
+        const int row_len = n_head * 256;
+        const long long t = base / row_len;
+        amax = pn_block_max(amax, scratch);
+        pn_row_prepare(out + t * row_len, row_len, amax, sync + 2 * t, (unsigned)(row_len / R), xh + t * (row_len / 2),
+                       e_out + t, bc);
+    }
 }
 }

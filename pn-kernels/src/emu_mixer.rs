@@ -3,9 +3,11 @@
 //! emulator with the CUDA wrappers' launch geometry (see [`crate::emu`]). For the host tests;
 //! not a production API.
 
+use crate::emu::Prepared;
 use crate::emu::{self, need, EmuError, EmuStats};
 use crate::mixer_types::{rotation_scale, GateRotation, GatedNormRotation, QkL2, QkNormRopeShape};
 use crate::types::{DeltaRuleInputs, DeltaRuleShape};
+use std::ffi::c_void;
 
 #[allow(clippy::too_many_arguments)] // the C side mirrors the kernels' own parameter lists
 extern "C" {
@@ -51,6 +53,10 @@ extern "C" {
         r: i32,
         scale: f32,
         grid: u32,
+        xh: *mut c_void,
+        e: *mut i32,
+        sync: *mut u32,
+        row_len: i32,
     ) -> i32;
     fn pn_emu_rms_norm_hadamard_dual(
         x: *const f32,
@@ -78,6 +84,25 @@ extern "C" {
         r: i32,
         scale: f32,
         grid: u32,
+        xh: *mut c_void,
+        e: *mut i32,
+        sync: *mut u32,
+    ) -> i32;
+    fn pn_emu_delta_rule_conv(
+        c: *const DrConvC,
+        b: *const f32,
+        al: *const f32,
+        ab_stride: i64,
+        dt_bias: *const f32,
+        ssm_a: *const f32,
+        state: *mut f32,
+        out: *mut f32,
+        out_stride: i64,
+        n_v_heads: i32,
+        n_k_heads: i32,
+        t: i32,
+        q_scale: f32,
+        eps: f32,
     ) -> i32;
     fn pn_emu_attn_combine(
         part_o: *const f32,
@@ -203,6 +228,35 @@ pub fn gated_rms_norm_hadamard(
     (o, z, w): (&[f32], &[f32], &[f32]),
     out: &mut [f32],
 ) -> Result<EmuStats, EmuError> {
+    gated_rms_norm_hadamard_into(s, (o, z, w), out, None)
+}
+
+/// [`gated_rms_norm_hadamard`] that also writes the prepared fp16 copy of each row of
+/// `row_len` values (the bits of `pn_prepare_x_h2` on `out`'s rows), as the decode path feeds
+/// ssm_out. Fails if the kernel leaves its sync words non-zero.
+pub fn gated_rms_norm_hadamard_prep(
+    s: &GatedNormRotation,
+    (o, z, w): (&[f32], &[f32], &[f32]),
+    out: &mut [f32],
+    row_len: usize,
+) -> Result<(EmuStats, Prepared), EmuError> {
+    const K: &str = "gated_rms_norm_hadamard_f32";
+    need(
+        K,
+        row_len > 0 && row_len.is_multiple_of(s.span()) && s.len.is_multiple_of(row_len),
+        || format!("rows of {row_len} are not whole spans of {s:?}"),
+    )?;
+    let mut p = RowPrep::new(s.len / row_len, row_len);
+    let st = gated_rms_norm_hadamard_into(s, (o, z, w), out, Some((&mut p, row_len)))?;
+    p.finish(K).map(|p| (st, p))
+}
+
+fn gated_rms_norm_hadamard_into(
+    s: &GatedNormRotation,
+    (o, z, w): (&[f32], &[f32], &[f32]),
+    out: &mut [f32],
+    prep: Option<(&mut RowPrep, usize)>,
+) -> Result<EmuStats, EmuError> {
     const K: &str = "gated_rms_norm_hadamard_f32";
     if let Some(why) = s.refusal() {
         return Err(EmuError::Shape {
@@ -216,6 +270,8 @@ pub fn gated_rms_norm_hadamard(
         || format!("buffers short for {s:?}"),
     )?;
     let span = s.span();
+    let row_len = prep.as_ref().map_or(0, |p| p.1);
+    let (xh, e, sync) = RowPrep::ptrs(prep.map(|p| p.0));
     emu::counted(K, &[], || {
         // SAFETY: every length the kernel reads or writes is checked above.
         unsafe {
@@ -230,9 +286,54 @@ pub fn gated_rms_norm_hadamard(
                 s.block as i32,
                 rotation_scale(s.block),
                 (s.len / span) as u32,
+                xh,
+                e,
+                sync,
+                row_len as i32,
             )
         }
     })
+}
+
+/// The fp16 copy a mixer kernel writes for its rows, and the zeroed sync words it counts on.
+struct RowPrep {
+    xh: Vec<u16>,
+    e: Vec<i32>,
+    sync: Vec<u32>,
+}
+
+impl RowPrep {
+    fn new(rows: usize, row_len: usize) -> RowPrep {
+        RowPrep {
+            xh: vec![0; rows * row_len],
+            e: vec![i32::MIN; rows],
+            sync: vec![0; 2 * rows],
+        }
+    }
+    /// The pointers of `p` (null without one) for the C launch.
+    fn ptrs(p: Option<&mut RowPrep>) -> (*mut c_void, *mut i32, *mut u32) {
+        match p {
+            Some(p) => (
+                p.xh.as_mut_ptr().cast(),
+                p.e.as_mut_ptr(),
+                p.sync.as_mut_ptr(),
+            ),
+            None => (
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            ),
+        }
+    }
+    fn finish(self, kernel: &str) -> Result<Prepared, EmuError> {
+        need(kernel, self.sync.iter().all(|&w| w == 0), || {
+            format!("sync words left at {:?}", self.sync)
+        })?;
+        Ok(Prepared {
+            xh: self.xh,
+            e: self.e,
+        })
+    }
 }
 
 /// `delta_rule_l2_f32`: [`crate::emu_ops::delta_rule`] on raw q and k, normalised as `l2`
@@ -349,6 +450,37 @@ pub fn attn_combine_gate_hadamard(
     g: &[f32],
     out: &mut [f32],
 ) -> Result<EmuStats, EmuError> {
+    attn_combine_gate_hadamard_into(p, s, g, out, None)
+}
+
+/// [`attn_combine_gate_hadamard`] that also writes the prepared fp16 copy of each token's row
+/// (`n_heads * 256` values, the bits of `pn_prepare_x_h2` on `out`'s rows), as the decode path
+/// feeds the o-projection. Fails if the kernel leaves its sync words non-zero.
+pub fn attn_combine_gate_hadamard_prep(
+    p: &AttnPartials<'_>,
+    s: &GateRotation,
+    g: &[f32],
+    out: &mut [f32],
+) -> Result<(EmuStats, Prepared), EmuError> {
+    const K: &str = "attn_combine_gate_hadamard_f32";
+    let row = s.n_heads * 256;
+    need(
+        K,
+        row > 0 && row.is_multiple_of(s.block) && s.len.is_multiple_of(row),
+        || format!("token rows of {row} are not whole blocks of {s:?}"),
+    )?;
+    let mut rp = RowPrep::new(s.len / row, row);
+    let st = attn_combine_gate_hadamard_into(p, s, g, out, Some(&mut rp))?;
+    rp.finish(K).map(|rp| (st, rp))
+}
+
+fn attn_combine_gate_hadamard_into(
+    p: &AttnPartials<'_>,
+    s: &GateRotation,
+    g: &[f32],
+    out: &mut [f32],
+    prep: Option<&mut RowPrep>,
+) -> Result<EmuStats, EmuError> {
     const K: &str = "attn_combine_gate_hadamard_f32";
     if let Some(why) = s.refusal() {
         return Err(EmuError::Shape {
@@ -362,6 +494,7 @@ pub fn attn_combine_gate_hadamard(
         || format!("heads of 256 and buffers for {s:?}"),
     )?;
     p.check(K, s.len / 256)?;
+    let (xh, e, sync) = RowPrep::ptrs(prep);
     emu::counted(K, &[], || {
         // SAFETY: every length the kernel reads or writes is checked above.
         unsafe {
@@ -377,6 +510,9 @@ pub fn attn_combine_gate_hadamard(
                 s.block as i32,
                 rotation_scale(s.block),
                 (s.len / s.block) as u32,
+                xh,
+                e,
+                sync,
             )
         }
     })
@@ -408,4 +544,99 @@ pub fn attn_combine(
             )
         }
     })
+}
+
+/// The conv half of `delta_rule_conv_f32`'s arguments (layout of `PnDrConvArgs` in
+/// host/emu_delta_conv.cpp).
+#[repr(C)]
+struct DrConvC {
+    u: *const f32,
+    u_stride: i64,
+    w: *const f32,
+    state: *mut f32,
+    y: *mut f32,
+    y_stride: i64,
+    sync: *mut u32,
+    c: i32,
+    kd: i32,
+}
+
+/// The conv1d of [`delta_rule_conv`]: raw input rows `u` `[t][channels]`, weights `w`
+/// `[channels][4]`, the state `[3][channels]` (shifted) and the output rows `y` (written as
+/// `conv1d_silu_f32` writes them).
+pub struct ConvRows<'a> {
+    /// Conv input rows.
+    pub u: &'a [f32],
+    /// Conv weights.
+    pub w: &'a [f32],
+    /// Conv state.
+    pub state: &'a mut [f32],
+    /// Conv output rows.
+    pub y: &'a mut [f32],
+}
+
+/// `delta_rule_conv_f32`: `conv1d_silu_f32` of `c` then [`delta_rule_l2`] of its output in one
+/// launch, with the gates of `x` (its q/k/v are not read; the conv rows are `s.qk_stride`
+/// channels, [`crate::delta_rule_conv_refusal`]). Fails if the kernel leaves its sync words
+/// non-zero.
+pub fn delta_rule_conv(
+    c: ConvRows<'_>,
+    x: &DeltaRuleInputs<&[f32]>,
+    s: &DeltaRuleShape,
+    l2: QkL2,
+    (state, out): (&mut [f32], &mut [f32]),
+) -> Result<EmuStats, EmuError> {
+    const K: &str = "delta_rule_conv_f32";
+    if let Some(why) = crate::delta_rule_conv_refusal(s) {
+        return Err(EmuError::Shape {
+            kernel: K.into(),
+            what: why,
+        });
+    }
+    crate::emu_ops::check_delta_rule(K, x, s, state, out)?;
+    let ch = s.qk_stride;
+    let rows = s.t_len * ch;
+    need(
+        K,
+        c.u.len() >= rows && c.y.len() >= rows && c.w.len() >= 4 * ch && c.state.len() >= 3 * ch,
+        || format!("conv buffers short for {} rows of {ch}", s.t_len),
+    )?;
+    let mut sync = vec![0u32; s.n_k_heads];
+    let cc = DrConvC {
+        u: c.u.as_ptr(),
+        u_stride: ch as i64,
+        w: c.w.as_ptr(),
+        state: c.state.as_mut_ptr(),
+        y: c.y.as_mut_ptr(),
+        y_stride: ch as i64,
+        sync: sync.as_mut_ptr(),
+        c: ch as i32,
+        kd: (s.n_k_heads * 128) as i32,
+    };
+    let st = emu::counted(K, &[], || {
+        // SAFETY: every length the kernel reads or writes is checked above; `cc` and `sync`
+        // live across the call.
+        unsafe {
+            pn_emu_delta_rule_conv(
+                &cc,
+                x.beta_raw.as_ptr(),
+                x.alpha_raw.as_ptr(),
+                s.ab_stride as i64,
+                x.dt_bias.as_ptr(),
+                x.ssm_a.as_ptr(),
+                state.as_mut_ptr(),
+                out.as_mut_ptr(),
+                s.out_stride as i64,
+                s.n_v_heads as i32,
+                s.n_k_heads as i32,
+                s.t_len as i32,
+                l2.q_scale,
+                l2.eps,
+            )
+        }
+    })?;
+    need(K, sync.iter().all(|&w| w == 0), || {
+        format!("sync words left at {sync:?}")
+    })?;
+    Ok(st)
 }

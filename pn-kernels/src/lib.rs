@@ -2,7 +2,7 @@
 //!
 //! - `kernels/*.cu`: one file per op family (`pn_gemv`, `quant_gemv`, `get_rows`, `matmul`,
 //!   `hadamard`, `norm`, `rope`, `attention`, `attention_prefill`, `conv1d`, `delta_rule`,
-//!   `delta_rule_chunked`, `elementwise`);
+//!   `delta_rule_chunked`, `elementwise`, `q8_group`: the grouped Q8_0 GEMV, [`q8_group`]);
 //!   `kernels/*.cuh`: the block layouts and index math as `__host__ __device__` functions, also
 //!   compiled as host C++ ([`host_shim`]) so the CPU tests check them bit for bit.
 //! - [`modules`], [`build_info`], [`ptxas_report`]: what build.rs embedded (sm_60 cubin plus
@@ -36,18 +36,20 @@ mod gpu;
 pub mod host_shim;
 pub mod launch;
 mod mixer_types;
+pub mod q8_group;
 mod types;
 
 pub use embedded::{build_info, kernels_available, module, modules, ptxas_report, EmbeddedModule};
 pub use error::KernelError;
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    cudarc, driver_present, AttnShape, DeltaRuleViews, FusedRows, Gpu, GroupMat, KvElem, KvLayout,
-    KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout,
-    RowStrides, SplitK, MAX_GRID_Y,
+    cudarc, driver_present, AttnShape, ConvViews, DeltaGates, DeltaRuleViews, FusedRows, Gpu,
+    GroupMat, KvElem, KvLayout, KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte,
+    Q8KvByte, RowLayout, RowPrepOut, RowStrides, SplitK, MAX_GRID_Y,
 };
 pub use mixer_types::{
-    rotation_scale, GateRotation, GatedNormRotation, QkL2, QkNormRopeShape, QK_NORM_ROPE_MAX_HEAD,
+    delta_rule_conv_refusal, rotation_scale, GateRotation, GatedNormRotation, QkL2,
+    QkNormRopeShape, QK_NORM_ROPE_MAX_HEAD,
 };
 pub use types::{DeltaRuleInputs, DeltaRuleShape, PnPrecision, WeightType};
 

@@ -210,3 +210,19 @@ pub struct QkL2 {
 pub fn rotation_scale(r: usize) -> f32 {
     (1.0f64 / (r as f64).sqrt()) as f32
 }
+
+/// Why `delta_rule_conv_f32` (the decode delta rule that runs its conv1d itself) refuses `s`,
+/// or `None`: its conv rows (input and output) are `qk_stride` floats, all channels of one
+/// token (`q | k | v`: `2 * n_k_heads * 128 + n_v_heads * 128`, so `v_stride` is the same), and
+/// the value heads split evenly over the key heads (each key head's group counts on one sync
+/// word).
+pub fn delta_rule_conv_refusal(s: &crate::DeltaRuleShape) -> Option<String> {
+    let c = 2 * s.n_k_heads * 128 + s.n_v_heads * 128;
+    let ok = s.n_k_heads > 0
+        && s.n_v_heads.is_multiple_of(s.n_k_heads)
+        && s.t_len > 0
+        && s.qk_stride == c
+        && s.v_stride == c
+        && c <= i32::MAX as usize;
+    (!ok).then(|| format!("the fused conv takes whole conv rows of q | k | v: {s:?}"))
+}

@@ -11,7 +11,9 @@ use gguf_io::{GgmlType, GgufFile};
 use std::sync::Arc;
 
 pub(crate) mod mixer_ops;
+pub(crate) mod mixer_proj;
 pub use mixer_ops::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+pub use mixer_proj::{ConvIn, MixerOut};
 
 /// Layout of the q/k heads a RoPE call rotates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -680,6 +682,30 @@ pub trait Backend: Send + Sync {
         s: GatedNormShape,
     ) -> Result<(), ModelError> {
         mixer_ops::gated_rms_norm_hadamard(self, (x, z, w), out, s)
+    }
+
+    /// `src`'s rotated output into `o.out`, then `y = o.out W^T` for every `(W, y)` of `outs`
+    /// over `rows` rows ([`MixerOut`]); the default is the two ops, a backend overrides it so
+    /// the producer also writes its matrices' converted input.
+    fn mixer_out_matmul(
+        &self,
+        src: MixerOut<'_, Self>,
+        o: RotatedOut<'_, Self::Buf>,
+        rows: usize,
+        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> Result<(), ModelError> {
+        mixer_proj::mixer_out_matmul(self, src, o, rows, outs)
+    }
+
+    /// [`Backend::conv1d_silu`] of `c` into `args.y`, then [`Backend::gated_delta_rule`] of
+    /// `args` (the default, [`ConvIn`]); a backend overrides it with one kernel for decode
+    /// (`args.y` then holds the conv output with its q/k heads not normalised).
+    fn conv_gated_delta_rule(
+        &self,
+        c: ConvIn<'_, Self::Buf>,
+        args: GdnArgs<'_, Self::Buf>,
+    ) -> Result<(), ModelError> {
+        mixer_proj::conv_gated_delta_rule(self, c, args)
     }
 
     /// [`Backend::rms_norm_hadamard`] of `x` into `rot` and [`Backend::rms_norm`] of `x` into

@@ -43,9 +43,9 @@ pub mod topk;
 pub mod weights;
 
 pub use backend::{
-    AttnGateRot, AttnLayout, Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnDims,
-    GdnRowScratch, GdnTrace, KvCacheType, NormRows, QkNormRope, Requirements, RopeLayout,
-    RotatedOut, Unsupported, WeightSource,
+    AttnGateRot, AttnLayout, Backend, ConvIn, ConvShape, GateLayout, GatedNormShape, GdnArgs,
+    GdnDims, GdnRowScratch, GdnTrace, KvCacheType, MixerOut, NormRows, QkNormRope, Requirements,
+    RopeLayout, RotatedOut, Unsupported, WeightSource,
 };
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;

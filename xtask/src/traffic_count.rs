@@ -108,9 +108,16 @@ mod tests {
         assert_eq!(op("qk_norm_rope"), 16);
         assert_eq!(op("kv_write"), 16);
         assert_eq!(op("sigmoid_gate"), 0);
+        // The conv1d runs inside the decode delta rule's launch.
         assert_eq!(op("gated_delta_rule"), 48);
+        assert_eq!(op("conv1d_silu"), 0);
         assert_eq!(op("gated_rms_norm_hadamard"), 48);
         assert_eq!(op("gated_rms_norm"), 0);
+        // The matrix products, each one launch with no fp16 conversion before it (the mixers'
+        // rotated outputs write their projection's input too): per GDN layer qkv+gate
+        // (grouped), alpha+beta (the grouped Q8_0 GEMV), ssm_out, FFN gate+up (grouped), down;
+        // per attention layer q/k/v (grouped), o, gate+up, down; and the head.
+        assert_eq!(op("matmul"), 48 * 5 + 16 * 4 + 1, "{:?}", l.decode_ops);
         assert_eq!(op("download"), 1);
         assert_eq!(l.decode, l.decode_ops.values().sum::<u64>());
         // Before the fusions: 1684 (stop 28's traffic model).

@@ -2,10 +2,54 @@
 //! output gate with the o-projection's rotation, the GDN output norm with ssm_out's rotation;
 //! each one launch where the decode path took two to four.
 
-use super::{drv, AttnShape, Gpu, KvElem, NormShape, SplitK};
+use super::{drv, AttnShape, Gpu, KvElem, NormShape, PreparedOut, SplitK};
 use crate::error::{check, KernelError};
 use crate::mixer_types::{rotation_scale, GateRotation, GatedNormRotation, QkNormRopeShape};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+/// Where a mixer kernel also writes the prepared fp16 copy of its output rows (the input of
+/// the PN projection that follows, with the bits of [`Gpu::pn_prepare_rows`]): `prep` for
+/// `rows` rows of `row_len` values, and `sync`, 2 words per row that must be zero before the
+/// launch (the kernel leaves them zero: allocate them zeroed once).
+pub struct RowPrepOut<'a, 'b> {
+    /// fp16 rows and exponents.
+    pub prep: PreparedOut<'a, 'b>,
+    /// The rows' arrival counters and maxima.
+    pub sync: &'a mut CudaViewMut<'b, u32>,
+    /// Values per row.
+    pub row_len: usize,
+}
+
+impl RowPrepOut<'_, '_> {
+    /// Checks the copy's buffers for `len` output values in rows of `row_len` made of whole
+    /// blocks of `chunk` values.
+    fn check(&self, op: &'static str, len: usize, chunk: usize) -> Result<(), KernelError> {
+        let r = self.row_len;
+        let rows = len / r.max(1);
+        check(
+            r > 0
+                && r.is_multiple_of(chunk)
+                && r.is_multiple_of(2)
+                && len.is_multiple_of(r)
+                && r <= i32::MAX as usize,
+            op,
+            || format!("{len} values in rows of {r} (whole blocks of {chunk})"),
+        )?;
+        check(
+            self.prep.xh.len() >= len && self.prep.e.len() >= rows && self.sync.len() >= 2 * rows,
+            op,
+            || {
+                format!(
+                    "xh/e/sync have {}/{}/{}, {rows} rows of {r} need {len}/{rows}/{}",
+                    self.prep.xh.len(),
+                    self.prep.e.len(),
+                    self.sync.len(),
+                    2 * rows
+                )
+            },
+        )
+    }
+}
 
 impl Gpu {
     /// Per-head RMSNorm (weights `wq`, `wk` of `s.head_dim`) then partial NeoX RoPE at
@@ -138,8 +182,20 @@ impl Gpu {
     pub fn gated_rms_norm_hadamard(
         &self,
         s: &GatedNormRotation,
+        ozw: (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        self.gated_rms_norm_hadamard_prep(s, ozw, out, None)
+    }
+
+    /// [`Gpu::gated_rms_norm_hadamard`] that, with `prep`, also writes the prepared fp16 copy
+    /// of `out`'s rows (ssm_out's input): one launch, no `pn_prepare_x` after it.
+    pub fn gated_rms_norm_hadamard_prep(
+        &self,
+        s: &GatedNormRotation,
         (o, z, w): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
         out: &mut CudaViewMut<'_, f32>,
+        prep: Option<RowPrepOut<'_, '_>>,
     ) -> Result<(), KernelError> {
         const OP: &str = "gated_rms_norm_hadamard";
         check(s.refusal().is_none(), OP, || {
@@ -160,17 +216,26 @@ impl Gpu {
                 )
             },
         )?;
-        let f = self.func("mixer", "gated_rms_norm_hadamard_f32")?;
         let span = s.span();
+        if let Some(p) = &prep {
+            p.check(OP, s.len, span)?;
+        }
+        let f = self.func("mixer", "gated_rms_norm_hadamard_f32")?;
         let (n, sp, r, scale) = (
             s.n as i32,
             span as i32,
             s.block as i32,
             rotation_scale(s.block),
         );
+        let (null, row_len) = (0u64, prep.as_ref().map_or(0, |p| p.row_len as i32));
         let mut b = self.stream.launch_builder(f);
         b.arg(o).arg(z).arg(w).arg(out).arg(&n).arg(&s.eps);
         b.arg(&sp).arg(&r).arg(&scale);
+        match prep {
+            Some(p) => b.arg(p.prep.xh).arg(p.prep.e).arg(p.sync),
+            None => b.arg(&null).arg(&null).arg(&null),
+        };
+        b.arg(&row_len);
         // SAFETY: arguments as declared; lengths checked; shared memory span floats. 128
         // threads as gated_rms_norm_f32, so both reduce in the same order.
         unsafe {
@@ -240,13 +305,33 @@ impl Gpu {
     /// the rotation took five.
     pub fn attention_gate_hadamard<T: KvElem>(
         &self,
+        sq: (&AttnShape, &CudaView<'_, f32>),
+        caches: (&CudaView<'_, T>, &CudaView<'_, T>),
+        split: SplitK<'_, '_>,
+        gate: (&GateRotation, &CudaView<'_, f32>),
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        self.attention_gate_hadamard_prep(sq, caches, split, gate, (out, None))
+    }
+
+    /// [`Gpu::attention_gate_hadamard`] whose merge, with `prep` (rows of `n_head * 256`),
+    /// also writes the prepared fp16 copy of each token's output row (the o-projection's
+    /// input): still two launches, and no `pn_prepare_x` after them.
+    pub fn attention_gate_hadamard_prep<T: KvElem>(
+        &self,
         (s, q): (&AttnShape, &CudaView<'_, f32>),
         (kc, vc): (&CudaView<'_, T>, &CudaView<'_, T>),
         split: SplitK<'_, '_>,
         (gr, g): (&GateRotation, &CudaView<'_, f32>),
-        out: &mut CudaViewMut<'_, f32>,
+        (out, prep): (&mut CudaViewMut<'_, f32>, Option<RowPrepOut<'_, '_>>),
     ) -> Result<(), KernelError> {
         const OP: &str = "attention_gate_hadamard";
+        if let Some(p) = &prep {
+            check(p.row_len == s.n_head * 256, OP, || {
+                format!("rows of {} for {} heads of 256", p.row_len, s.n_head)
+            })?;
+            p.check(OP, gr.len, gr.block)?;
+        }
         check(s.refusal_free(gr), OP, || {
             gr.refusal()
                 .unwrap_or_else(|| format!("{gr:?} is not the output of {s:?}"))
@@ -271,6 +356,7 @@ impl Gpu {
             gr.gate_head_stride as i64,
         );
         let (r, scale) = (gr.block as i32, rotation_scale(gr.block));
+        let null = 0u64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut part_o)
             .arg(&mut part_ml)
@@ -280,8 +366,12 @@ impl Gpu {
             .arg(&gts)
             .arg(&ghs);
         b.arg(out).arg(&r).arg(&scale);
+        match prep {
+            Some(p) => b.arg(p.prep.xh).arg(p.prep.e).arg(p.sync),
+            None => b.arg(&null).arg(&null).arg(&null),
+        };
         // SAFETY: arguments as declared; reads the partials written above on the same stream;
-        // lengths checked; shared memory R floats.
+        // lengths checked (the copy's too); shared memory R floats.
         unsafe {
             b.launch(Self::cfg(
                 ((gr.len / gr.block) as u32, 1, 1),

@@ -15,6 +15,7 @@
 mod attention;
 mod attention_prefill;
 mod conv1d;
+mod delta_conv;
 mod delta_rule;
 mod elementwise;
 mod fuse;
@@ -26,14 +27,17 @@ mod mixer;
 mod norm;
 mod pn_gemv;
 mod pn_group;
+mod q8_group;
 mod quant_gemv;
 mod rope;
 mod topk;
 
 pub use attention::{AttnShape, SplitK};
+pub use delta_conv::{ConvViews, DeltaGates};
 pub use delta_rule::DeltaRuleViews;
 pub use fuse::{FusedRows, NormX, PreparedOut};
 pub use kv::{KvElem, KvLayout, KvStoreRows, Q4KvByte, Q8KvByte};
+pub use mixer::RowPrepOut;
 pub use norm::NormShape;
 pub use pn_group::GroupMat;
 

@@ -3,7 +3,16 @@
 
 use super::{drv, Gpu, RowLayout};
 use crate::error::{check, KernelError};
+use crate::launch::grid_y_blocks;
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+
+/// The kernels' `n_tokens` argument (grid y strides over them, so only i32 bounds it).
+fn tokens_arg(op: &'static str, tokens: usize) -> Result<i32, KernelError> {
+    i32::try_from(tokens).map_err(|_| KernelError::Shape {
+        op,
+        what: format!("{tokens} tokens"),
+    })
+}
 
 /// Row length and epsilon of a norm.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,7 +85,6 @@ impl Gpu {
             NormIn::InPlace(x) => x.len(),
         };
         Self::check_layout(op, "x", x_len, &xl, n)?;
-        Self::check_grid_y(op, "tokens", xl.tokens)?;
         if let Some(w) = w {
             Self::check_norm_weight(op, w, n)?;
         }
@@ -86,6 +94,7 @@ impl Gpu {
             (yl.tok_stride as i64, yl.head_stride as i64)
         });
         let null: u64 = 0;
+        let nt = tokens_arg(op, xl.tokens)?;
         let mut b = self.stream.launch_builder(f);
         match x {
             NormIn::Read(x) => b.arg(x),
@@ -101,11 +110,17 @@ impl Gpu {
             Some(w) => b.arg(w),
             None => b.arg(&null),
         };
-        b.arg(&n_i).arg(&eps);
-        // SAFETY: (x, x_ts, x_hs, y or null: in place, y_ts, y_hs, w or null, n, eps); lengths
-        // checked.
-        unsafe { b.launch(Self::cfg((xl.heads as u32, xl.tokens as u32, 1), 256, 0)) }
-            .map_err(drv("rms_norm_f32"))?;
+        b.arg(&n_i).arg(&eps).arg(&nt);
+        // SAFETY: (x, x_ts, x_hs, y or null: in place, y_ts, y_hs, w or null, n, eps, n_tokens);
+        // lengths checked; grid y strides over the tokens.
+        unsafe {
+            b.launch(Self::cfg(
+                (xl.heads as u32, grid_y_blocks(xl.tokens), 1),
+                256,
+                0,
+            ))
+        }
+        .map_err(drv("rms_norm_f32"))?;
         Ok(())
     }
 
@@ -124,7 +139,6 @@ impl Gpu {
         let NormShape { n, eps } = norm;
         Self::same_rows(OP, &xl, &zl)?;
         Self::check_layout(OP, "x", x.len(), &xl, n)?;
-        Self::check_grid_y(OP, "tokens", xl.tokens)?;
         Self::check_layout(OP, "z", z.len(), &zl, n)?;
         Self::check_norm_weight(OP, w, n)?;
         let f = self.func("norm", "gated_rms_norm_f32")?;
@@ -134,7 +148,7 @@ impl Gpu {
             zl.tok_stride as i64,
             zl.head_stride as i64,
         );
-        let n_i = n as i32;
+        let (n_i, nt) = (n as i32, tokens_arg(OP, xl.tokens)?);
         let (null, zero): (u64, i64) = (0, 0);
         let mut b = self.stream.launch_builder(f);
         b.arg(x)
@@ -146,10 +160,17 @@ impl Gpu {
             .arg(&null)
             .arg(&zero)
             .arg(&zero);
-        b.arg(w).arg(&n_i).arg(&eps);
-        // SAFETY: arguments as declared, output null: in place; lengths checked.
-        unsafe { b.launch(Self::cfg((xl.heads as u32, xl.tokens as u32, 1), 128, 0)) }
-            .map_err(drv("gated_rms_norm_f32"))?;
+        b.arg(w).arg(&n_i).arg(&eps).arg(&nt);
+        // SAFETY: arguments as declared, output null: in place; lengths checked; grid y
+        // strides over the tokens.
+        unsafe {
+            b.launch(Self::cfg(
+                (xl.heads as u32, grid_y_blocks(xl.tokens), 1),
+                128,
+                0,
+            ))
+        }
+        .map_err(drv("gated_rms_norm_f32"))?;
         Ok(())
     }
 
@@ -165,9 +186,9 @@ impl Gpu {
         const OP: &str = "l2_norm_inplace";
         let NormShape { n, eps } = norm;
         Self::check_layout(OP, "x", x.len(), &xl, n)?;
-        Self::check_grid_y(OP, "tokens", xl.tokens)?;
         let f = self.func("norm", "l2_norm_f32")?;
         let (xts, xhs, n_i) = (xl.tok_stride as i64, xl.head_stride as i64, n as i32);
+        let nt = tokens_arg(OP, xl.tokens)?;
         let (null, zero): (u64, i64) = (0, 0);
         let mut b = self.stream.launch_builder(f);
         b.arg(x)
@@ -178,10 +199,18 @@ impl Gpu {
             .arg(&zero)
             .arg(&n_i)
             .arg(&eps)
-            .arg(&scale);
-        // SAFETY: arguments as declared, y null: in place; lengths checked.
-        unsafe { b.launch(Self::cfg((xl.heads as u32, xl.tokens as u32, 1), 128, 0)) }
-            .map_err(drv("l2_norm_f32"))?;
+            .arg(&scale)
+            .arg(&nt);
+        // SAFETY: arguments as declared, y null: in place; lengths checked; grid y strides
+        // over the tokens.
+        unsafe {
+            b.launch(Self::cfg(
+                (xl.heads as u32, grid_y_blocks(xl.tokens), 1),
+                128,
+                0,
+            ))
+        }
+        .map_err(drv("l2_norm_f32"))?;
         Ok(())
     }
 }

@@ -5,11 +5,12 @@ use super::kv::with_kv_pair;
 use super::shape_error;
 use super::{
     attn_tiled, lock, view, view_mut, CudaBackend, CudaBuf, CudaError, CudaKv, ATTN_SCRATCH_FLOATS,
-    HEAD_DIM,
+    HEAD_DIM, PN_H2_MAX_K, SYNC_WORDS,
 };
 use crate::AttnLayout;
 use pn_kernels::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use pn_kernels::{AttnShape, GateRotation, Gpu, KvElem, KvLayout, SplitK};
+use pn_kernels::launch::PN_BATCH_MAX_T;
+use pn_kernels::{AttnShape, GateRotation, Gpu, KvElem, KvLayout, PreparedOut, RowPrepOut, SplitK};
 use std::ops::Range;
 
 /// Positions per attention split for decode (split-K over long contexts).
@@ -21,6 +22,8 @@ enum Kernel<'s, 'b> {
     SplitK {
         chunk: usize,
         scratch: &'s mut CudaViewMut<'b, f32>,
+        /// Where the fused merge also writes its rows' fp16 copy.
+        prep: Option<RowPrepOut<'s, 'b>>,
     },
     Tiled,
 }
@@ -29,11 +32,13 @@ enum Kernel<'s, 'b> {
 enum Merge<'o, 'b> {
     /// Output rows `[n_tokens, Hq * 256]`.
     Plain(&'o mut CudaViewMut<'b, f32>),
-    /// `out = H(o * sigmoid(g))` laid out as `gr`.
+    /// `out = H(o * sigmoid(g))` laid out as `gr`; with `prep`, also its fp16 copy into the
+    /// backend's prepared-input scratch (the o-projection's input, rows of `Hq * 256`).
     GateRot {
         gr: GateRotation,
         g: &'o CudaView<'b, f32>,
         out: &'o mut CudaViewMut<'b, f32>,
+        prep: bool,
     },
 }
 
@@ -83,19 +88,23 @@ impl CudaBackend {
 
     /// [`CudaBackend::try_attention`] with the merge of the splits also gating and rotating
     /// the output into `out` (`out = H(attention * sigmoid(gate))`, laid out as `gr`); `None`
-    /// (nothing launched) where the call takes the tiled kernel or `gr` does not fit.
+    /// (nothing launched) where the call takes the tiled kernel or `gr` does not fit. With
+    /// `prep` the merge also writes the fp16 copy of the output rows into the prepared-input
+    /// scratch ([`attention_preps`] must hold).
     pub(super) fn try_attention_gate_hadamard(
         &self,
         (q, k_cache, v_cache): (&CudaBuf, &CudaKv, &CudaKv),
         (l, positions): (&AttnLayout, Range<usize>),
         (gate, gate_offset, gr): (&CudaBuf, usize, GateRotation),
-        out: &mut CudaBuf,
+        (out, prep): (&mut CudaBuf, bool),
     ) -> Result<Option<()>, CudaError> {
         const OP: &str = "attention_gate_hadamard";
         let n_tokens = positions.len();
-        let contiguous = gr.len == n_tokens * l.n_q_heads * HEAD_DIM && gr.n_heads == l.n_q_heads;
-        if n_tokens == 0 || attn_tiled(n_tokens) || gr.refusal().is_some() || !contiguous {
+        if !attention_fuses(n_tokens, l.n_q_heads, &gr) {
             return Ok(None);
+        }
+        if prep && !attention_preps(n_tokens, l.n_q_heads, &gr) {
+            return Err(shape_error(OP, format!("no fp16 copy for {gr:?}")));
         }
         let gv = view(OP, gate, gate_offset, gr.gate_len())?;
         let mut ov = view_mut(OP, out, 0, gr.len)?;
@@ -103,6 +112,7 @@ impl CudaBackend {
             gr,
             g: &gv,
             out: &mut ov,
+            prep,
         };
         self.attention_into(q, (k_cache, v_cache), l, positions, merge)?;
         Ok(Some(()))
@@ -141,8 +151,10 @@ impl CudaBackend {
             cap,
             positions,
         };
+        let want_prep = matches!(merge, Merge::GateRot { prep: true, .. });
         let mut guard;
         let mut scr;
+        let (mut xhm, mut em, mut syn);
         let kernel = if attn_tiled(n_tokens) {
             Kernel::Tiled
         } else {
@@ -154,11 +166,38 @@ impl CudaBackend {
             let n_split = n_ctx.div_ceil(chunk);
             let need = Gpu::attention_scratch_len(n_tokens, l.n_q_heads, n_split);
             guard = lock(&self.scratch);
-            let s = self.grow(&mut guard.attn, need, "attention scratch")?;
+            let sc = &mut *guard;
+            let s = self.grow(&mut sc.attn, need, "attention scratch")?;
             scr = s.slice_mut(0..need);
+            let prep = if want_prep {
+                // The o-projection's prepared input: rows of Hq * 256 into the scratch the
+                // matmul reads ([`CudaBackend::try_matmul_from`] with `have_prepared`).
+                let (rows, row_len) = (n_tokens, l.n_q_heads * HEAD_DIM);
+                let xh = self.grow(
+                    &mut sc.xh,
+                    PN_H2_MAX_K.max(rows * row_len),
+                    "fp16 activations",
+                )?;
+                let e = self.grow(&mut sc.e, PN_BATCH_MAX_T, "activation exponents")?;
+                let sy = self.grow(&mut sc.sync, SYNC_WORDS, "cross-block sync words")?;
+                xhm = xh.slice_mut(0..rows * row_len);
+                em = e.slice_mut(0..rows);
+                syn = sy.slice_mut(0..2 * rows);
+                Some(RowPrepOut {
+                    prep: PreparedOut {
+                        xh: &mut xhm,
+                        e: &mut em,
+                    },
+                    sync: &mut syn,
+                    row_len,
+                })
+            } else {
+                None
+            };
             Kernel::SplitK {
                 chunk,
                 scratch: &mut scr,
+                prep,
             }
         };
         with_kv_pair!(
@@ -191,15 +230,22 @@ impl CudaBackend {
             (Kernel::Tiled, Merge::Plain(ov)) => {
                 self.gpu.attention_prefill(&sh, a.q, &kc, &vc, ov)?
             }
-            (Kernel::SplitK { chunk, scratch }, Merge::Plain(ov)) => {
+            (Kernel::SplitK { chunk, scratch, .. }, Merge::Plain(ov)) => {
                 let split = SplitK { chunk, scratch };
                 self.gpu.attention(&sh, a.q, &kc, &vc, ov, split)?
             }
-            (Kernel::SplitK { chunk, scratch }, Merge::GateRot { gr, g, out }) => {
+            (
+                Kernel::SplitK {
+                    chunk,
+                    scratch,
+                    prep,
+                },
+                Merge::GateRot { gr, g, out, .. },
+            ) => {
                 let split = SplitK { chunk, scratch };
                 let (q, caches) = ((&sh, a.q), (&kc, &vc));
                 self.gpu
-                    .attention_gate_hadamard(q, caches, split, (&gr, g), out)?
+                    .attention_gate_hadamard_prep(q, caches, split, (&gr, g), (out, prep))?
             }
             (Kernel::Tiled, Merge::GateRot { .. }) => {
                 // try_attention_gate_hadamard never asks for this.
@@ -211,4 +257,20 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// Whether the split-K attention of `n_tokens` query rows of `n_q_heads` merges its splits
+/// with the gate and rotation `gr` in one kernel ([`CudaBackend::try_attention_gate_hadamard`];
+/// also what [`super::LaunchCounter`] counts with).
+pub(crate) fn attention_fuses(n_tokens: usize, n_q_heads: usize, gr: &GateRotation) -> bool {
+    let contiguous = gr.len == n_tokens * n_q_heads * HEAD_DIM && gr.n_heads == n_q_heads;
+    n_tokens > 0 && !attn_tiled(n_tokens) && gr.refusal().is_none() && contiguous
+}
+
+/// Whether that fused merge can also write the fp16 copy of its rows (`n_q_heads * 256`
+/// values, whole rotation blocks; at most the small-batch rows the prepared kernels read).
+pub(crate) fn attention_preps(n_tokens: usize, n_q_heads: usize, gr: &GateRotation) -> bool {
+    attention_fuses(n_tokens, n_q_heads, gr)
+        && n_tokens <= PN_BATCH_MAX_T
+        && (n_q_heads * HEAD_DIM).is_multiple_of(gr.block)
 }

@@ -315,4 +315,22 @@ impl Backend for CudaBackend {
     ) -> Result<(), ModelError> {
         self.fused_attention_gate_hadamard(a, o)
     }
+
+    fn mixer_out_matmul(
+        &self,
+        src: crate::MixerOut<'_, Self>,
+        o: RotatedOut<'_, CudaBuf>,
+        rows: usize,
+        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+    ) -> Result<(), ModelError> {
+        self.fused_mixer_out_matmul(src, o, rows, outs)
+    }
+
+    fn conv_gated_delta_rule(
+        &self,
+        c: crate::ConvIn<'_, CudaBuf>,
+        args: GdnArgs<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        self.fused_conv_gated_delta_rule(c, args)
+    }
 }

@@ -1,9 +1,12 @@
 //! The Gated DeltaNet ops on the device: the causal conv1d + SiLU and the gated delta rule
-//! (token by token for decode, chunked for prefill: [`gdn_chunked`](super::gdn_chunked)).
+//! (token by token for decode, chunked for prefill: [`gdn_chunked`](super::gdn_chunked)), and
+//! both in one launch for decode ([`conv_delta_fuses`]).
 
-use super::{gdn_chunked, view, view_mut, CudaBackend, CudaBuf, CudaError, CONV_KERNEL};
-use super::{shape_error, GDN_HEAD_DIM};
-use crate::{ConvShape, GdnArgs};
+use super::{gdn_chunked, lock, view, view_mut, CudaBackend, CudaBuf, CudaError, CONV_KERNEL};
+use super::{shape_error, CONV_SYNC0, GDN_HEAD_DIM, SYNC_WORDS};
+use crate::backend::mixer_proj;
+use crate::{ConvIn, ConvShape, GdnArgs, ModelError};
+use pn_kernels::{ConvViews, DeltaGates};
 use pn_kernels::{DeltaRuleInputs, DeltaRuleShape, NormShape, QkL2, RowLayout, RowStrides};
 
 impl CudaBackend {
@@ -113,5 +116,89 @@ impl CudaBackend {
             self.gpu.delta_rule_l2(&x, &sh, l2, &mut sv, &mut ov)?;
         }
         Ok(())
+    }
+}
+
+/// Whether [`CudaBackend::fused_conv_gated_delta_rule`] takes one launch for `n_tokens` rows of
+/// a layer shaped `d` with a conv of `shape` (the token-by-token path; also what
+/// [`super::LaunchCounter`] counts with).
+pub(crate) fn conv_delta_fuses(d: &crate::GdnDims, n_tokens: usize, shape: ConvShape) -> bool {
+    n_tokens > 0
+        && !gdn_chunked(n_tokens)
+        && shape.kernel == CONV_KERNEL
+        && shape.channels == d.conv_dim()
+        && d.dk == GDN_HEAD_DIM
+        && d.dv == GDN_HEAD_DIM
+        && d.n_k_heads <= SYNC_WORDS - CONV_SYNC0
+        && pn_kernels::delta_rule_conv_refusal(&conv_delta_shape(d, n_tokens)).is_none()
+}
+
+/// The delta rule's shape over the conv rows (q, k and v in one row of `conv_dim` per token).
+fn conv_delta_shape(d: &crate::GdnDims, n_tokens: usize) -> DeltaRuleShape {
+    DeltaRuleShape {
+        qk_stride: d.conv_dim(),
+        v_stride: d.conv_dim(),
+        ab_stride: d.n_v_heads,
+        out_stride: d.value_dim(),
+        n_v_heads: d.n_v_heads,
+        n_k_heads: d.n_k_heads,
+        t_len: n_tokens,
+    }
+}
+
+impl CudaBackend {
+    /// [`crate::Backend::conv_gated_delta_rule`]: `delta_rule_conv_f32`, one launch, where
+    /// [`conv_delta_fuses`]; else the conv and the delta rule.
+    pub(super) fn fused_conv_gated_delta_rule(
+        &self,
+        c: ConvIn<'_, CudaBuf>,
+        a: GdnArgs<'_, CudaBuf>,
+    ) -> Result<(), ModelError> {
+        if !conv_delta_fuses(a.dims, a.n_tokens, c.shape) {
+            return mixer_proj::conv_gated_delta_rule(self, c, a);
+        }
+        Ok(self.try_conv_gdn(c, a)?)
+    }
+
+    fn try_conv_gdn(
+        &self,
+        c: ConvIn<'_, CudaBuf>,
+        a: GdnArgs<'_, CudaBuf>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "conv_gated_delta_rule";
+        let (d, t) = (a.dims, a.n_tokens);
+        let (cd, hv) = (d.conv_dim(), d.n_v_heads);
+        let sh = conv_delta_shape(d, t);
+        let l2 = QkL2 {
+            q_scale: 1.0 / (d.dk as f32).sqrt(),
+            eps: 1e-6,
+        };
+        let uv = view(OP, c.u, 0, t * cd)?;
+        let wv = view(OP, c.w, 0, CONV_KERNEL * cd)?;
+        let mut csv = view_mut(OP, c.state, 0, (CONV_KERNEL - 1) * cd)?;
+        let mut yv = view_mut(OP, a.y, 0, t * cd)?;
+        let (bv, av) = (view(OP, a.b, 0, t * hv)?, view(OP, a.alpha, 0, t * hv)?);
+        let (dtv, sav) = (view(OP, a.dt_bias, 0, hv)?, view(OP, a.a, 0, hv)?);
+        let mut sv = view_mut(OP, a.state, 0, d.state_len())?;
+        let mut ov = view_mut(OP, a.out, 0, t * d.value_dim())?;
+        let mut guard = lock(&self.scratch);
+        let sy = self.grow(&mut guard.sync, SYNC_WORDS, "cross-block sync words")?;
+        let mut syn = sy.slice_mut(CONV_SYNC0..CONV_SYNC0 + d.n_k_heads);
+        let conv = ConvViews {
+            u: &uv,
+            w: &wv,
+            state: &mut csv,
+            y: &mut yv,
+            sync: &mut syn,
+        };
+        let gates = DeltaGates {
+            beta_raw: &bv,
+            alpha_raw: &av,
+            dt_bias: &dtv,
+            ssm_a: &sav,
+        };
+        Ok(self
+            .gpu
+            .delta_rule_conv(conv, &gates, (&sh, l2), &mut sv, &mut ov)?)
     }
 }

@@ -456,6 +456,40 @@ impl Backend for LaunchCounter {
         mixer_ops::gated_rms_norm_hadamard(self, xzw, out, sh)
     }
 
+    fn conv_gated_delta_rule(
+        &self,
+        c: crate::ConvIn<'_, CountBuf>,
+        a: GdnArgs<'_, CountBuf>,
+    ) -> Result<(), ModelError> {
+        // `fused_conv_gated_delta_rule`: the conv inside the decode delta rule's one launch.
+        if super::gdn::conv_delta_fuses(a.dims, a.n_tokens, c.shape) {
+            self.add("gated_delta_rule", 1);
+            return Ok(());
+        }
+        crate::backend::mixer_proj::conv_gated_delta_rule(self, c, a)
+    }
+
+    fn mixer_out_matmul(
+        &self,
+        src: crate::MixerOut<'_, Self>,
+        o: RotatedOut<'_, CountBuf>,
+        rows: usize,
+        outs: &mut [(&CountWeight, &mut CountBuf)],
+    ) -> Result<(), ModelError> {
+        // `fused_mixer_out_matmul`: the fused producer writes the projection's fp16 input (the
+        // attention's two launches, or the gated norm's one), then the projection alone.
+        let d = descs(outs);
+        if rows == 0 || !super::mixer_proj::mixer_out_preps(&src, o.block, rows, &d) {
+            return crate::backend::mixer_proj::mixer_out_matmul(self, src, o, rows, outs);
+        }
+        match src {
+            crate::MixerOut::Attention(_) => self.add("attention", 2),
+            crate::MixerOut::GatedNorm { .. } => self.add("gated_rms_norm_hadamard", 1),
+        }
+        self.add("matmul", matmul_launches(rows, &d, true));
+        Ok(())
+    }
+
     fn rms_norm_hadamard_dual(
         &self,
         _: (&CountBuf, &CountBuf),

@@ -167,8 +167,12 @@ impl CudaBackend {
         };
         let call = (a.q, a.k_cache, a.v_cache);
         let at = (a.layout, a.positions.clone());
-        let done =
-            self.try_attention_gate_hadamard(call, at, (a.gate, g.offset, gr), &mut *o.out)?;
+        let done = self.try_attention_gate_hadamard(
+            call,
+            at,
+            (a.gate, g.offset, gr),
+            (&mut *o.out, false),
+        )?;
         match done {
             Some(()) => Ok(()),
             None => mixer_ops::attention_gate_hadamard(self, a, o),

@@ -12,7 +12,9 @@
 //!
 //! Layout: this module (the backend, its scratch, activation buffers and copies); `kv.rs` (the
 //! KV cache types and their one element-type dispatch, cache writes); `weight.rs` (weights,
-//! embedding, matrix products); `attention.rs`; `gdn.rs` (conv1d, delta rule); `norms.rs`
+//! embedding, matrix products; `quant_group.rs`: Q8_0 matrices of one input in one launch);
+//! `attention.rs`; `gdn.rs` (conv1d, delta rule, and both in one launch); `mixer_proj.rs` (the
+//! mixers' output projections fed by their producers' fp16 copy); `norms.rs`
 //! (norms, rotations, RoPE); `elementwise.rs`; `topk.rs` (the device top-k of a logits row); `caps.rs` (what the kernels can run);
 //! `backend.rs` (the [`Backend`] impl, a thin adapter over the above); `memory.rs` (the plan).
 
@@ -27,8 +29,10 @@ mod kv;
 mod launches;
 mod memory;
 mod mixer;
+mod mixer_proj;
 mod norms;
 mod pinned;
+mod quant_group;
 mod topk;
 mod weight;
 
@@ -68,6 +72,12 @@ fn attn_tiled(n_tokens: usize) -> bool {
 }
 /// The conv kernel length of the conv1d kernel.
 const CONV_KERNEL: usize = 4;
+/// The sync scratch: 2 words per output row of the mixer kernels that write their fp16 copy
+/// (at most 8 rows: words 0..16), then one counter per key head of the fused conv + delta rule
+/// (words [`CONV_SYNC0`]..).
+const SYNC_WORDS: usize = 256;
+/// First sync word of the conv + delta rule's key-head counters.
+const CONV_SYNC0: usize = 64;
 /// Longest K of the half2 PN kernels (the padded fp16 activation and a weight tile live in 48 KB
 /// of shared memory): the kernels' own limit.
 const PN_H2_MAX_K: usize = pn_kernels::launch::PN_H2_MAX_K;
@@ -99,6 +109,9 @@ struct Scratch {
     /// The device top-k's results and candidates (`launch::top_k_scratch_len` each).
     topk_v: Option<CudaSlice<f32>>,
     topk_i: Option<CudaSlice<i32>>,
+    /// Zeroed words the kernels that hand work between blocks count on (`rowsync.cuh`; left
+    /// zeroed by every launch), [`SYNC_WORDS`].
+    sync: Option<CudaSlice<u32>>,
 }
 
 /// qwen-model's `Backend` on one CUDA device.
@@ -178,6 +191,7 @@ impl CudaBackend {
                 ids: None,
                 topk_v: None,
                 topk_i: None,
+                sync: None,
             }),
             pinned: Mutex::new(None),
         })

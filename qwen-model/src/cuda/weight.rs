@@ -210,6 +210,12 @@ impl CudaBackend {
             });
         }
         let xv = view(OP, x, 0, rows * k)?;
+        if rows == 1 && outs.len() > 1 && outs.iter().all(|(w, _)| w.ty == WeightType::Q8_0) {
+            let all: Vec<MatDesc> = outs.iter().map(|(w, _)| w.desc()).collect();
+            if super::quant_group::q8_grouped(rows, &all) {
+                return self.try_q8_group(&xv, outs);
+            }
+        }
         let pn_h2 = |w: &CudaWeight| w.desc().reads_h2();
         let pn_batch = |w: &CudaWeight| w.desc().reads_batch(rows);
         // Decode: PN matrices share one fp16 conversion of x (same bits as converting per call);
@@ -427,6 +433,9 @@ pub(crate) fn matmul_launches(rows: usize, mats: &[MatDesc], have_prepared: bool
     let prepared = rows == 1 && mats.iter().any(MatDesc::reads_h2);
     let batched = mats.iter().any(|m| m.reads_batch(rows));
     let convert = u64::from((prepared || batched) && !have_prepared);
+    if super::quant_group::q8_grouped(rows, mats) {
+        return 1;
+    }
     if grouped(rows, mats) {
         return convert + 1;
     }

@@ -4,8 +4,8 @@
 
 use super::{Model, Workspace};
 use crate::backend::{
-    AttnGateRot, Backend, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch, GdnTrace,
-    QkNormRope, RopeLayout, RotatedOut,
+    AttnGateRot, Backend, ConvIn, ConvShape, GateLayout, GatedNormShape, GdnArgs, GdnRowScratch,
+    GdnTrace, MixerOut, QkNormRope, RopeLayout, RotatedOut,
 };
 use crate::error::ModelError;
 use crate::fused::{NormIn, NormRot, SwigluRot};
@@ -271,7 +271,8 @@ impl<B: Backend> Model<B> {
             head_stride: 2 * dh,
         };
         // One sequence with a rotated o-projection: its attention writes the gated, rotated
-        // o input straight into `rotated` (one fused op after the attention's splits).
+        // o input straight into `rotated` and the o-projection follows in the same op (the
+        // merge of the attention's splits also writes the projection's converted input).
         let fuse_out = aw.o.rotated && segs.count() == 1;
         let mut fused = false;
         // The per-head q/k RMSNorm runs with RoPE per sequence (`attend`: one fused op).
@@ -292,6 +293,7 @@ impl<B: Backend> Model<B> {
                     out: &mut ws.rotated,
                     gate: &gate,
                     block: blk,
+                    proj: (&aw.o.w, &mut ws.mixer_out),
                 });
                 fused |= rot.is_some();
                 self.attend(aw, bufs, (kc, vc), seg.step, rot)?;
@@ -311,7 +313,7 @@ impl<B: Backend> Model<B> {
             be.copy(&sb.attn_out, 0, &mut ws.attn_out, r0 * ad, n * ad)?;
         }
         if fused {
-            return be.matmul(&ws.rotated, rows, &mut [(&aw.o.w, &mut ws.mixer_out)]);
+            return Ok(());
         }
         if aw.o.rotated {
             // Gate and rotation straight into `rotated`: one fused op instead of the gate, a
@@ -336,7 +338,8 @@ impl<B: Backend> Model<B> {
 
     /// One sequence's part of an attention layer, on its rows at offset 0 of `b`: the per-head
     /// q/k norms with RoPE at its positions, the K/V cache write, attention over its cache
-    /// (into `b.out`, or gated and rotated into `rot.out` when `rot` is given).
+    /// (into `b.out`, or gated and rotated into `rot.out` and projected into `rot.proj` when
+    /// `rot` is given).
     fn attend(
         &self,
         aw: &AttnWeights<B>,
@@ -397,7 +400,7 @@ impl<B: Backend> Model<B> {
             out: r.out,
             block: r.block,
         };
-        be.attention_gate_hadamard(a, o)
+        be.mixer_out_matmul(MixerOut::Attention(a), o, rows, &mut [r.proj])
     }
 
     /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows, each
@@ -460,17 +463,27 @@ impl<B: Backend> Model<B> {
             be.copy(&sb.gdn_out, 0, &mut ws.gdn_out, r0 * vd, n * vd)?;
         }
         if gw.out.rotated {
-            // Norm and rotation straight into `rotated`: one fused op instead of the norm, a
-            // copy and the rotation.
+            // Norm and rotation straight into `rotated` (one fused op instead of the norm, a
+            // copy and the rotation), with ssm_out in the same op (the norm also writes its
+            // converted input).
             let shape = GatedNormShape {
                 len: rows * vd,
                 n: g.dv,
                 eps: c.rms_eps,
                 block: blk,
             };
-            let (x, z) = (&mut ws.gdn_out, &ws.gdn_gate);
-            be.gated_rms_norm_hadamard((x, z, &gw.norm), &mut ws.rotated, shape)?;
-            return be.matmul(&ws.rotated, rows, &mut [(&gw.out.w, &mut ws.mixer_out)]);
+            let src = MixerOut::GatedNorm {
+                x: &mut ws.gdn_out,
+                z: &ws.gdn_gate,
+                w: &gw.norm,
+                shape,
+            };
+            let o = RotatedOut {
+                out: &mut ws.rotated,
+                block: blk,
+            };
+            let mut outs = [(&gw.out.w, &mut ws.mixer_out)];
+            return be.mixer_out_matmul(src, o, rows, &mut outs);
         }
         be.gated_rms_norm(
             &mut ws.gdn_out,
@@ -526,7 +539,6 @@ impl<B: Backend> Model<B> {
             channels: g.conv_dim(),
             kernel: g.conv_kernel,
         };
-        be.conv1d_silu(b.conv_in, &gw.conv, &mut st.conv, b.conv_out, shape, rows)?;
         let args = GdnArgs {
             dims: g,
             n_tokens: rows,
@@ -538,16 +550,27 @@ impl<B: Backend> Model<B> {
             state: &mut st.ssm,
             out: b.out,
         };
+        let conv = ConvIn {
+            u: b.conv_in,
+            w: &gw.conv,
+            state: &mut st.conv,
+            shape,
+        };
         match trace {
-            None => be.gated_delta_rule(args),
-            Some(t) => be.gated_delta_rule_traced(
-                args,
-                GdnTrace {
-                    states: &mut *t.ssm,
-                    row0: t.row0,
-                    scratch: &mut *t.scratch,
-                },
-            ),
+            // The conv and the delta rule in one op (one launch for decode where the backend
+            // can).
+            None => be.conv_gated_delta_rule(conv, args),
+            Some(t) => {
+                be.conv1d_silu(conv.u, conv.w, conv.state, args.y, shape, rows)?;
+                be.gated_delta_rule_traced(
+                    args,
+                    GdnTrace {
+                        states: &mut *t.ssm,
+                        row0: t.row0,
+                        scratch: &mut *t.scratch,
+                    },
+                )
+            }
         }
     }
 }
@@ -573,6 +596,8 @@ struct OutRot<'a, B: Backend> {
     gate: &'a GateLayout,
     /// Rotation block.
     block: usize,
+    /// The o-projection and its output rows `[rows, hidden]`.
+    proj: (&'a B::Weight, &'a mut B::Buf),
 }
 
 /// The buffers of one sequence's GDN ops ([`Model::gdn_core`]).
