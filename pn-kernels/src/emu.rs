@@ -13,9 +13,11 @@ use std::ffi::{c_void, CString};
 mod batch;
 mod fuse;
 mod group;
+mod quant_batch;
 pub use batch::{pn_gemv_batch, pn_prepare_rows};
 pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, Prepared};
 pub use group::{pn_gemv_group, GroupMember};
+pub use quant_batch::quant_gemv_batch;
 
 /// Regions the counters split global loads by.
 pub mod region {

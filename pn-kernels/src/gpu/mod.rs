@@ -26,6 +26,7 @@ mod mixer;
 mod norm;
 mod pn_gemv;
 mod pn_group;
+mod quant_batch;
 mod quant_gemv;
 mod rope;
 mod topk;
