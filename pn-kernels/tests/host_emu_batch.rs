@@ -163,7 +163,9 @@ fn small_batch_equals_t_single_row_gemvs_on_adversarial_shapes() {
     // row group partial; 2 blocks looping over many row groups, 2..4 row groups per staged x
     // with the last set partial; a zero row and a row of subnormal scale (exponents capped)
     // next to rows 1e10 apart; odd rows of 204 bytes (not sector-aligned: correctness only).
-    let cases: &[(u32, usize, usize, Option<u32>, Option<usize>)] = &[
+    // (bits, n, k, grid override, row groups override)
+    type Case = (u32, usize, usize, Option<u32>, Option<usize>);
+    let cases: &[Case] = &[
         (3, 13, 480, None, Some(2)),
         (4, 37, 64 * 74, Some(2), Some(3)),
         (3, 40, 160 * 37, Some(3), None),
