@@ -1,6 +1,6 @@
 // The remaining kernel sources run on the host by the SIMT emulator (see emu_pn_gemv.cpp for
 // the scheme): matmul.cu (tiled prefill product), rope.cu, conv1d.cu, delta_rule.cu,
-// get_rows.cu, elementwise.cu and topk.cu. Each file sits in its own namespace; `__global__` is
+// get_rows.cu, elementwise.cu, topk.cu and q4k_batch.cu (the small-batch Q4_K / Q8_0 GEMVs). Each file sits in its own namespace; `__global__` is
 // `static` here so that these copies of the entry points have internal linkage and cannot clash
 // with another host file that includes the same source.
 #include "common.cuh"
@@ -9,6 +9,7 @@
 #include "ggml_blocks.cuh"
 #include "rowsync.cuh"
 #include "pn_block.cuh"
+#include "q4k_lane.cuh"
 #include <cstring>
 
 #undef __global__
@@ -36,6 +37,9 @@ namespace kew {
 }
 namespace ktk {
 #include "topk.cu"
+}
+namespace kqb {
+#include "q4k_batch.cu"
 }
 
 #undef __global__
@@ -142,4 +146,33 @@ int pn_emu_topk(const float* x, int n, int k, float* cand_v, int* cand_i, float*
 }
 int pn_emu_topk_slice() { return TK_SLICE; }
 int pn_emu_topk_max() { return TK_MAX; }
+// q4k_batch.cu: q4_k_gemv_b<t> (type 3; S super-blocks of x staged per chunk) or q8_0_gemv_b<t>
+// (type 2) for t = 2..8 activation rows, on `grid` blocks of `threads` with `smem` bytes of
+// dynamic shared memory. The arguments in one struct (layout of QuantBatchArgs in
+// src/emu/quant_batch.rs). Returns 0, -1 deadlock, -2 bad type or t.
+struct PnQuantBatchArgs {
+    int type, t;
+    const void* w;
+    const float* x;
+    float* y;
+    int N, K, S;
+    unsigned grid, threads, smem;
+};
+int pn_emu_quant_gemv_batch(const PnQuantBatchArgs* a) {
+    const int type = a->type, t = a->t, N = a->N, K = a->K, S = a->S;
+    const float* x = a->x;
+    float* y = a->y;
+    using namespace kqb;
+    const pn_u8* wb = (const pn_u8*)a->w;
+    std::function<void()> body;
+#define PN_EMU_QB(tt)                                                        \
+    else if (t == tt && type == 3) body = [&] { q4_k_gemv_b##tt(wb, x, y, N, K, S); }; \
+    else if (t == tt && type == 2) body = [&] { q8_0_gemv_b##tt(wb, x, y, N, K); };
+    if (false) {
+    }
+    PN_EMU_QB(2) PN_EMU_QB(3) PN_EMU_QB(4) PN_EMU_QB(5) PN_EMU_QB(6) PN_EMU_QB(7) PN_EMU_QB(8)
+    else return -2;
+#undef PN_EMU_QB
+    return emu::launch3(EmuDim3{a->grid, 1, 1}, a->threads, a->smem, body) ? 0 : -1;
+}
 }

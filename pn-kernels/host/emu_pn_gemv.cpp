@@ -58,7 +58,8 @@ int pn_emu_pn_gemv(const char* name, const void* w, const float* x, const void* 
     return emu::launch3(EmuDim3{grid, 1, 1}, threads, smem, body) ? 0 : -1;
 }
 
-// The small-batch kernels pn{3,4}t_gemv_h2p_b{2..8} (x chunk of XP pairs per phase), and
+// The small-batch kernels pn{3,4}t_gemv_h2p_b{2..8} (x chunk of XP pairs per phase, G row
+// groups per staged chunk), and
 // pn_prepare_x_h2 on a grid of T blocks (one activation row each). Returns as pn_emu_pn_gemv.
 // The arguments in one struct (layout of BatchArgs in src/emu/batch.rs).
 struct PnBatchArgs {
@@ -67,7 +68,7 @@ struct PnBatchArgs {
     const void* xh;
     const int* e;
     float* y;
-    int N, K, XP;
+    int N, K, XP, G;
     unsigned grid, threads, smem;
 };
 int pn_emu_pn_gemv_batch(const PnBatchArgs* a) {
@@ -76,13 +77,13 @@ int pn_emu_pn_gemv_batch(const PnBatchArgs* a) {
     const __half2* hp = (const __half2*)a->xh;
     const int* e = a->e;
     float* y = a->y;
-    const int N = a->N, K = a->K, XP = a->XP;
+    const int N = a->N, K = a->K, XP = a->XP, G = a->G;
     const unsigned grid = a->grid, threads = a->threads, smem = a->smem;
     std::function<void()> body;
     using namespace kpn;
 #define PN_EMU_B(bits, t)                                                                          \
     else if (std::strcmp(name, "pn" #bits "t_gemv_h2p_b" #t) == 0) body = [&] {                    \
-        pn##bits##t_gemv_h2p_b##t(wp, hp, e, y, N, K, XP);                                         \
+        pn##bits##t_gemv_h2p_b##t(wp, hp, e, y, N, K, XP, G);                                      \
     };
     if (false) {
     }

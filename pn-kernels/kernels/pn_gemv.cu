@@ -287,9 +287,10 @@ __device__ void pn_gemv_f32(const pn_u32* __restrict__ w, const float* __restric
 // 27B matrix); x prepared by pn_prepare_x_h2 with one block per row (xh: T rows of K fp16, row t
 // at t * K; e: T exponents), y: T rows of N (row t at t * N).
 //
-// As pn_gemv_h2_even with one weight row per warp: the block loops over row groups of nwarps
-// rows, and per 32-pair chunk each warp loads its row's contiguous 2176 bytes coalesced into its
-// tile, then lane l takes pair 32c + l at word stride 17. T rows of a whole row's x do not fit in
+// As pn_gemv_h2_even with one weight row per warp and row group: the block loops over sets of
+// G row groups of nwarps rows (see PN_BATCH_G below), and per 32-pair chunk each warp loads each
+// of its G rows' contiguous 2176 bytes coalesced into its tile, then lane l takes pair 32c + l
+// at word stride 17. T rows of a whole row's x do not fit in
 // 48 KB (K = 17408, T = 8: 278 KB), so x is staged in K-chunks: per weight chunk, in 32 / XP
 // phases of XP pairs (XP = 32, 16, 8 or 4, as launch::pn_batch sizes it); in phase h, lanes
 // [h XP, (h+1) XP) have their pair's x of all T rows staged (row t, slot s at word
@@ -329,9 +330,17 @@ PN_DEV void pn_block_dot_h2_batch(const pn_u32* p, PN_SPTR(const __half2) xs, in
     for (int t = 0; t < T; ++t) out[t] = pn_mul(sc, s[t]);
 }
 
+// Row groups per staged x (PN_BATCH_G): the block takes G consecutive row groups of nwarps rows
+// at once (G = the kernel's last argument, 1..PN_BATCH_G, launch::pn_batch), each warp
+// accumulating its G rows (G x T registers); per chunk it loads and computes them one after
+// another against one staged x chunk, so x is read from L2 once per G x nwarps weight rows
+// (review finding 4: with one row group per staging, once per 8 rows, 18.2 GB per 27B verify).
+// Only the one-phase chunk (XP = 32) is shared; the launch takes G = 1 otherwise. Per row the
+// pairs, their order and arithmetic are as before: the bits do not depend on G.
+#define PN_BATCH_G 4
 template <int BITS, int T>
 __device__ void pn_gemv_h2_batch(const pn_u32* __restrict__ w, const __half2* __restrict__ xh, const int* __restrict__ e_in,
-                                 float* __restrict__ y, int N, int K, int XP) {
+                                 float* __restrict__ y, int N, int K, int XP, int G) {
     typedef PnTraits<BITS> TR;
     PN_DYN_SMEM(pn_u32, smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
@@ -343,49 +352,65 @@ __device__ void pn_gemv_h2_batch(const pn_u32* __restrict__ w, const __half2* __
     const int chunk_words = T * XP * W1;
     // Every warp runs every iteration (rows past N load zeros and write nothing): the x staging
     // barriers need the whole block.
-    for (int g = blockIdx.x; g * nwarps < N; g += gridDim.x) {
-        const int row = g * nwarps + warp;
-        float acc[T];
+    for (int sg = blockIdx.x; sg * G * nwarps < N; sg += gridDim.x) {
+        float acc[PN_BATCH_G][T];
 #pragma unroll
-        for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+        for (int g = 0; g < PN_BATCH_G; ++g)
+#pragma unroll
+            for (int t = 0; t < T; ++t) acc[g][t] = 0.0f;
         for (int c = 0; c < nchunks; ++c) {
-            pn_u32 p[PN_PAIR_WORDS];
-            {
-                pn_u32 v[1][PN_PAIR_WORDS];
-                pn_load_chunk<1>(w, row, N, npairs, c, lane, v);
-                __syncwarp(); // the previous chunk's tile reads are done
-#pragma unroll
-                for (int m = 0; m < PN_PAIR_WORDS; ++m) tile[lane + 32 * m] = v[0][m];
-                __syncwarp();
-#pragma unroll
-                for (int i = 0; i < PN_PAIR_WORDS; ++i) p[i] = tile[lane * PN_PAIR_WORDS + i];
-            }
             const int j = 32 * c + lane;
-            for (int h = 0; h < phases; ++h) {
-                __syncthreads(); // the previous phase's reads of xs are done
-                const int pair0 = 32 * c + h * XP;
-                for (int i = threadIdx.x; i < chunk_words; i += blockDim.x) {
-                    const int ts = i / W1, cc = i - ts * W1, t = ts / XP, hh = (pair0 + ts - t * XP) * TR::WEIGHTS + cc;
-                    if (cc == TR::WEIGHTS || hh >= H) continue;
-                    xs[i] = __ldg(xh + (pn_u64)t * H + hh);
-                }
-                __syncthreads();
-                const int s = lane - h * XP;
-                if (row < N && s >= 0 && s < XP && j < npairs) {
-                    PN_SPTR(const __half2) const xb = xs + s * W1;
-                    float b0[T], b1[T];
-                    pn_block_dot_h2_batch<BITS, 0, T>(p, xb, XP * W1, b0);
-                    pn_block_dot_h2_batch<BITS, 1, T>(p, xb + TR::WEIGHTS / 2, XP * W1, b1);
 #pragma unroll
-                    for (int t = 0; t < T; ++t) acc[t] = pn_add(acc[t], pn_add(b0[t], b1[t]));
+            for (int g = 0; g < PN_BATCH_G; ++g) {
+                if (g >= G) break; // block-uniform
+                const int row = (sg * G + g) * nwarps + warp;
+                // Row g's pairs of chunk c through the warp's tile (coalesced loads).
+                pn_u32 p[PN_PAIR_WORDS];
+                {
+                    pn_u32 v[1][PN_PAIR_WORDS];
+                    pn_load_chunk<1>(w, row, N, npairs, c, lane, v);
+                    __syncwarp(); // the previous tile reads are done
+#pragma unroll
+                    for (int m = 0; m < PN_PAIR_WORDS; ++m) tile[lane + 32 * m] = v[0][m];
+                    __syncwarp();
+#pragma unroll
+                    for (int i = 0; i < PN_PAIR_WORDS; ++i) p[i] = tile[lane * PN_PAIR_WORDS + i];
+                }
+                for (int h = 0; h < phases; ++h) {
+                    // One phase (XP = 32, launch::pn_batch's choice whenever G > 1): the chunk's
+                    // x is staged once for the G row groups. Several phases restage per group.
+                    if (g == 0 || phases > 1) {
+                        __syncthreads(); // the previous phase's reads of xs are done
+                        const int pair0 = 32 * c + h * XP;
+                        for (int i = threadIdx.x; i < chunk_words; i += blockDim.x) {
+                            const int ts = i / W1, cc = i - ts * W1, t = ts / XP, hh = (pair0 + ts - t * XP) * TR::WEIGHTS + cc;
+                            if (cc == TR::WEIGHTS || hh >= H) continue;
+                            xs[i] = __ldg(xh + (pn_u64)t * H + hh);
+                        }
+                        __syncthreads();
+                    }
+                    const int s = lane - h * XP;
+                    if (row < N && s >= 0 && s < XP && j < npairs) {
+                        PN_SPTR(const __half2) const xb = xs + s * W1;
+                        float b0[T], b1[T];
+                        pn_block_dot_h2_batch<BITS, 0, T>(p, xb, XP * W1, b0);
+                        pn_block_dot_h2_batch<BITS, 1, T>(p, xb + TR::WEIGHTS / 2, XP * W1, b1);
+#pragma unroll
+                        for (int t = 0; t < T; ++t) acc[g][t] = pn_add(acc[g][t], pn_add(b0[t], b1[t]));
+                    }
                 }
             }
         }
 #pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const float s = pn_warp_sum(acc[t]);
-            // The exponent is read here, not held across the loops (registers: no spills).
-            if (lane == 0 && row < N) y[(pn_u64)t * N + row] = ldexpf(s, -__ldg(e_in + t));
+        for (int g = 0; g < PN_BATCH_G; ++g) {
+            const int row = (sg * G + g) * nwarps + warp;
+            if (g >= G || row >= N) break; // warp-uniform
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                const float s = pn_warp_sum(acc[g][t]);
+                // The exponent is read here, not held across the loops (registers: no spills).
+                if (lane == 0) y[(pn_u64)t * N + row] = ldexpf(s, -__ldg(e_in + t));
+            }
         }
     }
 }
@@ -467,9 +492,9 @@ __global__ void __launch_bounds__(256) pn_gemv_h2p_group(const PnGroup g, const 
     default: pn_gemv_h2_even<4, 2, true>(w, nullptr, xh, e, y, n, K, bx, gx); break;
     }
 }
-#define PN_BARGS const pn_u32 *__restrict__ w, const __half2 *__restrict__ xh, const int *__restrict__ e, float *__restrict__ y, int N, int K, int XP
+#define PN_BARGS const pn_u32 *__restrict__ w, const __half2 *__restrict__ xh, const int *__restrict__ e, float *__restrict__ y, int N, int K, int XP, int G
 #define PN_BATCH(bits, t) \
-    __global__ void __launch_bounds__(256, 1) pn##bits##t_gemv_h2p_b##t(PN_BARGS) { pn_gemv_h2_batch<bits, t>(w, xh, e, y, N, K, XP); }
+    __global__ void __launch_bounds__(256, 1) pn##bits##t_gemv_h2p_b##t(PN_BARGS) { pn_gemv_h2_batch<bits, t>(w, xh, e, y, N, K, XP, G); }
 PN_BATCH(3, 2) PN_BATCH(3, 3) PN_BATCH(3, 4) PN_BATCH(3, 5) PN_BATCH(3, 6) PN_BATCH(3, 7) PN_BATCH(3, 8)
 PN_BATCH(4, 2) PN_BATCH(4, 3) PN_BATCH(4, 4) PN_BATCH(4, 5) PN_BATCH(4, 6) PN_BATCH(4, 7) PN_BATCH(4, 8)
 #undef PN_BATCH

@@ -1,7 +1,7 @@
 // Matrix-vector products for the stock types the model uses: Q4_K (the LM head), Q8_0
 // (ssm_alpha, ssm_beta), F16 and F32. One warp per output row, fp32 accumulation, activations
 // read through the read-only cache (x is small and shared by every row).
-#include "ggml_blocks.cuh"
+#include "q4k_lane.cuh"
 
 // Q4_K: a row is K/256 super-blocks of 144 bytes (16-byte multiple, so with a 16-byte aligned
 // base every u32 field below is aligned). x is staged once per block in shared memory (K floats,
@@ -9,8 +9,8 @@
 // so x is read from L2 a few hundred times per call instead of once per 8 rows). Lane l reads qs
 // bytes 4*(l%8).. of chunk c = l/8 (the warp's 32 loads are 128 consecutive bytes): four low
 // nibbles (sub-block 2c) and four high nibbles (sub-block 2c+1), and x as float4 from shared
-// memory (the 8 lanes of a chunk read 32 consecutive words: no bank conflict). The min is
-// applied once per sub-block through the sum of x: d*sc*sum(q*x) - dmin*m*sum(x).
+// memory (the 8 lanes of a chunk read 32 consecutive words: no bank conflict). The lane's
+// loads and arithmetic are q4k_lane.cuh's, shared with the small-batch q4k_batch.cu.
 __device__ void q4_k_gemv(const pn_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int N, int K) {
     PN_DYN_SMEM(float4, xs4);
     const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -23,22 +23,10 @@ __device__ void q4_k_gemv(const pn_u8* __restrict__ w, const float* __restrict__
         const pn_u8* rowp = w + (pn_u64)row * nsb * PN_Q4_K_BYTES;
         float acc = 0.0f;
         for (int sb = 0; sb < nsb; ++sb) {
-            const pn_u8* b = rowp + (pn_u64)sb * PN_Q4_K_BYTES;
-            const pn_u32 dd = __ldg(reinterpret_cast<const pn_u32*>(b));
-            const float d = pn_f16_to_f32((pn_u16)(dd & 0xffffu)), dmin = pn_f16_to_f32((pn_u16)(dd >> 16));
-            // The 12 scale bytes as three aligned words; bytes picked by shifts (no local array).
-            const pn_u32* sw = reinterpret_cast<const pn_u32*>(b + 4);
-            const pn_u32 s0 = __ldg(sw), s1 = __ldg(sw + 1), s2 = __ldg(sw + 2);
-            int sc_lo, m_lo, sc_hi, m_hi;
-            q4_k_scale_min_words(s0, s1, s2, 2 * c, &sc_lo, &m_lo);
-            q4_k_scale_min_words(s0, s1, s2, 2 * c + 1, &sc_hi, &m_hi);
-            const pn_u32 q = __ldg(reinterpret_cast<const pn_u32*>(b + 16 + 32 * c + i0));
+            const Q4kLane L = q4_k_lane_load(rowp + (pn_u64)sb * PN_Q4_K_BYTES, c, i0);
             const float4 xl = xs4[(sb * PN_QK_K + 64 * c + i0) / 4];
             const float4 xh = xs4[(sb * PN_QK_K + 64 * c + 32 + i0) / 4];
-            const float dot_lo = (float)(q & 15) * xl.x + (float)((q >> 8) & 15) * xl.y + (float)((q >> 16) & 15) * xl.z + (float)((q >> 24) & 15) * xl.w;
-            const float dot_hi = (float)((q >> 4) & 15) * xh.x + (float)((q >> 12) & 15) * xh.y + (float)((q >> 20) & 15) * xh.z + (float)(q >> 28) * xh.w;
-            const float sum_lo = xl.x + xl.y + xl.z + xl.w, sum_hi = xh.x + xh.y + xh.z + xh.w;
-            acc += d * ((float)sc_lo * dot_lo + (float)sc_hi * dot_hi) - dmin * ((float)m_lo * sum_lo + (float)m_hi * sum_hi);
+            acc += q4_k_lane_term(L, xl, xh);
         }
         acc = pn_warp_sum(acc);
         if (lane == 0) y[row] = acc;

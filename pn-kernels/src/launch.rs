@@ -1,6 +1,12 @@
 //! Launch geometry of the decode kernels (`kernels/pn_gemv.cu`, the Q4_K GEMV of
-//! `kernels/quant_gemv.cu`): one definition used by the CUDA wrappers and by the host emulator
-//! tests, so the emulator runs exactly the grids the device would.
+//! `kernels/quant_gemv.cu`, the small-batch stock GEMVs of `kernels/q4k_batch.cu`): one
+//! definition used by the CUDA wrappers and by the host emulator tests, so the emulator runs
+//! exactly the grids the device would.
+
+mod quant_batch;
+pub use quant_batch::{
+    q4_k_batch, q4_k_batch_rows, q4_k_batch_x_bytes, q8_0_batch, QuantBatchLaunch,
+};
 
 /// Dynamic shared memory a block may use on sm_60 without an opt-in.
 pub const SMEM_LIMIT: usize = 49152;
@@ -154,11 +160,45 @@ pub struct BatchLaunch {
     pub t: usize,
     /// Pairs of blocks whose x (all `t` rows) one phase stages: 32, 16, 8 or 4.
     pub xp: usize,
+    /// Row groups (of one row per warp) a block computes per staged x chunk, 1..=
+    /// [`PN_BATCH_G`] (the kernel's last argument `G`).
+    pub groups: usize,
+}
+
+/// Most row groups the small-batch PN kernel shares one staged x chunk between (`PN_BATCH_G`
+/// in pn_gemv.cu).
+pub const PN_BATCH_G: usize = 4;
+
+/// Row groups per staged x of the small-batch PN kernel (one-phase chunks, `xp` = 32) for `n`
+/// rows on `warps` warps: as many as
+/// [`PN_BATCH_G`] while the launch keeps two blocks' worth of work per SM (x is then read from
+/// L2 once per `groups x warps` weight rows instead of once per `warps`).
+fn batch_groups(n: usize, warps: usize) -> usize {
+    (n.div_ceil(warps) / (2 * P100_SMS)).clamp(1, PN_BATCH_G)
+}
+
+impl BatchLaunch {
+    /// Bytes of staged x the launch reads from L2 for `n` weight rows of `k`: each set of
+    /// `groups` row groups stages all `t` rows of x (fp16) once when a chunk is one phase
+    /// (`xp` = 32); with several phases every row group of every set restages it (the last
+    /// set too, rows past `n` included: the barriers need the whole block).
+    pub fn x_l2_bytes(&self, n: usize, k: usize) -> u64 {
+        let sets = n
+            .div_ceil(self.launch.threads as usize / 32)
+            .div_ceil(self.groups);
+        let stagings = if self.xp == 32 {
+            sets
+        } else {
+            sets * self.groups
+        };
+        (stagings * self.t * k * 2) as u64
+    }
 }
 
 /// The small-batch PN kernel for `t` (2..=8) activation rows times `n` weight rows of `k`
 /// columns (`bits` 3 or 4): x prepared by `pn_prepare_x_h2` (one block per row). The widest x
-/// chunk (`xp` pairs) that leaves room for at least 4 warps' weight tiles, with up to 8 warps.
+/// chunk (`xp` pairs) that leaves room for at least 4 warps' weight tiles, with up to 8 warps;
+/// [`BatchLaunch::groups`] row groups per staged chunk.
 /// Any `k` (x is staged in K-chunks). None when rows have an odd block count (the caller falls
 /// back to one single-row GEMV per activation row) or the shape is empty.
 pub fn pn_batch(bits: u32, t: usize, n: usize, k: usize) -> Option<BatchLaunch> {
@@ -175,16 +215,19 @@ pub fn pn_batch(bits: u32, t: usize, n: usize, k: usize) -> Option<BatchLaunch> 
         let warps = SMEM_LIMIT.saturating_sub(stage) / tile;
         if warps >= 4 {
             let warps = warps.min(8);
+            // Row groups share a staged chunk only when it is one phase (pn_gemv.cu).
+            let groups = if xp == 32 { batch_groups(n, warps) } else { 1 };
             return Some(BatchLaunch {
                 launch: Launch {
                     kernel: batch_name(bits, t),
-                    grid: n.div_ceil(warps).min(GEMV_MAX_GRID) as u32,
+                    grid: n.div_ceil(warps).div_ceil(groups).min(GEMV_MAX_GRID) as u32,
                     threads: 32 * warps as u32,
                     smem: (stage + warps * tile) as u32,
                     rows_per_warp: 1,
                 },
                 t,
                 xp,
+                groups,
             });
         }
     }
@@ -260,11 +303,19 @@ mod tests {
             }
             // The MTP verify (draft 2: 3 rows) keeps every lane busy (one phase).
             assert_eq!(pn_batch(bits, 3, n, k).unwrap().xp, 32);
+            // Wide matrices share each staged x between the most row groups.
+            let b = pn_batch(bits, 3, n, k).unwrap();
+            assert_eq!(b.groups, PN_BATCH_G, "{b:?}");
+            assert!(b.launch.grid as usize >= P100_SMS, "{b:?}");
         }
         // Odd block counts and out-of-range batches are refused.
         assert!(pn_batch(4, 2, 8, 64 * 3).is_none());
         assert!(pn_batch(4, 1, 8, 5120).is_none());
         assert!(pn_batch(4, 9, 8, 5120).is_none());
+        // Narrow matrices (the attention K/V projections, 1024 rows) keep one group per
+        // staging, so the grid still covers the SMs twice.
+        let kv = pn_batch(3, 3, 1024, 5120).unwrap();
+        assert_eq!((kv.groups, kv.launch.grid), (1, 128), "{kv:?}");
     }
 }
 

@@ -99,3 +99,52 @@ fn small_batch_gemv_equals_single_row_gemvs_on_the_device() {
         }
     }
 }
+
+/// The small-batch Q4_K / Q8_0 GEMVs (`Gpu::gemv_batch`, kernels/q4k_batch.cu) on the device:
+/// row r equals the single-row `Gpu::gemv` on row r bit for bit (the same lane arithmetic,
+/// q4k_lane.cuh), at the LM head's K with enough rows for several tiles per block.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn small_batch_stock_gemv_equals_single_row_gemvs_on_the_device() {
+    let g = match pn_kernels::gpu_or_reason(0) {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("SKIPPED (no GPU): {why}");
+            return;
+        }
+    };
+    let s = g.stream().clone();
+    let mut r = rng(78);
+    for (ty, n, k) in [
+        (WeightType::Q4K, 20_000usize, 5120usize),
+        (WeightType::Q4K, 333, 1792),
+        (WeightType::Q8_0, 48, 5120),
+    ] {
+        let w = random_weights(&mut r, ty, n, k);
+        let dw = s.clone_htod(&w).unwrap();
+        let m = MatrixShape { ty, n, k };
+        for t in 2..=PN_BATCH_MAX_T {
+            let x: Vec<f32> = (0..t).flat_map(|_| activation_like(&mut r, k)).collect();
+            let dx = s.clone_htod(&x).unwrap();
+            let mut y = s.alloc_zeros::<f32>(t * n).unwrap();
+            g.gemv_batch(m, t, &dw.as_view(), &dx.as_view(), &mut y.as_view_mut())
+                .unwrap();
+            let got = s.clone_dtoh(&y).unwrap();
+            for row in 0..t {
+                let x1 = s.clone_htod(&x[row * k..(row + 1) * k]).unwrap();
+                let mut y1 = s.alloc_zeros::<f32>(n).unwrap();
+                g.gemv(m, &dw.as_view(), &x1.as_view(), &mut y1.as_view_mut())
+                    .unwrap();
+                let single = s.clone_dtoh(&y1).unwrap();
+                for (i, (a, b)) in got[row * n..(row + 1) * n].iter().zip(&single).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} t {t} {n}x{k} row {row} [{i}]: batch {a} vs single {b}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -4,7 +4,9 @@
 //! sums the same pairs in the same order with the same fp16/fp32 steps per row), and within the
 //! GPU tests' 2e-3 of the f64 reference; every weight byte is requested once for all T rows
 //! (each pair decoded once), no shared access has a bank conflict, and the weight loads take
-//! within 1.1x the minimum sectors (rows a multiple of 32 bytes, every 27B matrix).
+//! within 1.1x the minimum sectors (rows a multiple of 32 bytes, every 27B matrix). x is staged
+//! once per set of `groups` row groups (`BatchLaunch::x_l2_bytes`), and the bits do not depend
+//! on `groups`.
 mod common;
 
 use common::*;
@@ -34,13 +36,13 @@ fn batch_x(seed: u64, t: usize, k: usize, adversarial: bool) -> Vec<f32> {
 
 /// One (bits, n, k, t) case: the batch kernel against t single-row runs and the f64 reference,
 /// with the counters' assertions. `grid` overrides the launch's grid (blocks looping over
-/// several row groups).
+/// several sets of row groups), `groups` its row groups per staged x.
 fn check(
     seed: u64,
     (bits, n, k, t): (u32, usize, usize, usize),
-    grid: Option<u32>,
+    (grid, groups): (Option<u32>, Option<usize>),
     adversarial: bool,
-) {
+) -> u64 {
     let mut r = rng(seed);
     let w = random_pn_weights(&mut r, bits, n, k);
     let x = batch_x(seed + 1, t, k, adversarial);
@@ -49,9 +51,12 @@ fn check(
     if let Some(g) = grid {
         b.launch.grid = g;
     }
+    if let Some(g) = groups {
+        b.groups = g;
+    }
     let what = format!(
-        "{} (xp {}) {n}x{k} grid {}",
-        b.launch.kernel, b.xp, b.launch.grid
+        "{} (xp {}, groups {}) {n}x{k} grid {}",
+        b.launch.kernel, b.xp, b.groups, b.launch.grid
     );
     let mut y = vec![f32::NAN; t * n];
     let s = emu::pn_gemv_batch(&b, &w, (&xh, &e), &mut y, n, k).unwrap();
@@ -108,6 +113,12 @@ fn check(
             "{what}: weight loads take {ratio:.3}x the minimum sectors"
         );
     }
+    assert_eq!(
+        s.g_bytes[region::X],
+        b.x_l2_bytes(n, k),
+        "{what}: x staged once per {} row groups",
+        b.groups
+    );
     eprintln!(
         "{what}: smem degree max {:.2} mean {:.3}; weight sectors {:.3}x min; x {:.3}x min, {} B read ({:.2}x the weights)",
         s.smem_max_degree,
@@ -117,6 +128,7 @@ fn check(
         s.g_bytes[region::X],
         s.g_bytes[region::X] as f64 / wbytes as f64
     );
+    s.g_bytes[region::X]
 }
 
 #[test]
@@ -137,7 +149,7 @@ fn small_batch_equals_t_single_row_gemvs_on_27b_shapes() {
                 check(
                     1000 + 10 * t as u64 + i as u64,
                     (bits, n, k, t),
-                    None,
+                    (None, None),
                     false,
                 );
             }
@@ -148,21 +160,28 @@ fn small_batch_equals_t_single_row_gemvs_on_27b_shapes() {
 #[test]
 fn small_batch_equals_t_single_row_gemvs_on_adversarial_shapes() {
     // Chunk tails (3 and 37 pairs per row: not multiples of 32); row counts that leave the last
-    // row group partial; 2 blocks looping over many row groups; a zero row and a row of
-    // subnormal scale (exponents capped) next to rows 1e10 apart; odd rows of 204 bytes (not
-    // sector-aligned: correctness only).
-    let cases: &[(u32, usize, usize, Option<u32>)] = &[
-        (3, 13, 480, None),
-        (4, 37, 64 * 74, Some(2)),
-        (3, 40, 160 * 37, Some(3)),
-        (4, 70, 384, Some(2)),
+    // row group partial; 2 blocks looping over many row groups, 2..4 row groups per staged x
+    // with the last set partial; a zero row and a row of subnormal scale (exponents capped)
+    // next to rows 1e10 apart; odd rows of 204 bytes (not sector-aligned: correctness only).
+    // (bits, n, k, grid override, row groups override)
+    type Case = (u32, usize, usize, Option<u32>, Option<usize>);
+    let cases: &[Case] = &[
+        (3, 13, 480, None, Some(2)),
+        (4, 37, 64 * 74, Some(2), Some(3)),
+        (3, 40, 160 * 37, Some(3), None),
+        (4, 70, 384, Some(2), Some(4)),
     ];
     for t in 2..=PN_BATCH_MAX_T {
-        for (i, &(bits, n, k, grid)) in cases.iter().enumerate() {
+        for (i, &(bits, n, k, grid, groups)) in cases.iter().enumerate() {
             if t != PN_BATCH_MAX_T && i != t % cases.len() {
                 continue;
             }
-            check(2000 + 10 * t as u64 + i as u64, (bits, n, k, t), grid, true);
+            check(
+                2000 + 10 * t as u64 + i as u64,
+                (bits, n, k, t),
+                (grid, groups),
+                true,
+            );
         }
     }
 }
@@ -182,5 +201,28 @@ fn odd_block_counts_are_refused_for_the_per_row_fallback() {
             .unwrap()
             .kernel
             .ends_with("any"));
+    }
+}
+
+#[test]
+fn row_groups_share_one_staged_x_at_the_27b_shapes() {
+    // Review finding 4, measured: the verify's 3 rows at 27B row lengths with 64 weight rows
+    // (8 row groups of 8 warps), one row group per staged x (the layout before) against
+    // launch::PN_BATCH_G of them, on 2 blocks. Same bits (check compares both with the
+    // single-row kernel); the L2 bytes of staged x drop by PN_BATCH_G.
+    for (bits, k) in [(3u32, 5120usize), (4, 6144), (4, 17408)] {
+        let n = 64;
+        let before = check(6000 + k as u64, (bits, n, k, 3), (Some(2), Some(1)), false);
+        let after = check(
+            6000 + k as u64,
+            (bits, n, k, 3),
+            (Some(2), Some(launch::PN_BATCH_G)),
+            false,
+        );
+        eprintln!(
+            "pn{bits}t {n} x {k}, t 3: staged x from L2 {before} B with 1 row group per staging, {after} B with {}",
+            launch::PN_BATCH_G
+        );
+        assert_eq!(before, after * launch::PN_BATCH_G as u64, "pn{bits}t k {k}");
     }
 }

@@ -200,24 +200,33 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("  predicted P100 time          {t:.1} ms at {} GB/s = {:.1} tok/s (at 85% of peak: {:.1} tok/s)", args.bandwidth, 1e3 / t, 0.85e3 / t);
     // MTP: one verify pass over 1 + draft rows, then `draft` passes of the MTP layer (one row)
     // with the shared head; tokens per step 1 + a + a^2 + ... The verify's PN matrices go
-    // through the small-batch GEMV (weights once, bounded by bandwidth or its ALU work,
-    // traffic_batch); the other matrices (Q4_K head, q8_0 alpha/beta, small f32) run one GEMV
-    // per row, so their bytes count `rows` times.
+    // through the small-batch PN GEMV, the Q4_K head and the q8_0 alpha/beta through the
+    // small-batch stock GEMVs (weights once, each bounded by bandwidth or its ALU work,
+    // traffic_batch); the other non-PN matrices (small f32) run one GEMV per row, so their
+    // bytes count `rows` times.
     let main_plan: Vec<_> = plan
         .iter()
         .filter(|(name, _, _)| !name.starts_with(&mtp_prefix) && name != "output.weight")
         .cloned()
         .collect();
     let vp = crate::traffic_batch::verify_pass(&main_plan, rows, args.bandwidth);
+    let verify_stock: Vec<_> = plan
+        .iter()
+        .filter(|(name, _, _)| !name.starts_with(&mtp_prefix) && name != "token_embd.weight")
+        .cloned()
+        .collect();
+    let sp = crate::traffic_batch::stock_pass(&verify_stock, rows, args.bandwidth);
     let pn_main: u64 = main_plan
         .iter()
         .filter(|(_, d, ty)| d.len() == 2 && ty.is_pn())
         .map(|(_, d, ty)| bytes_of(d, *ty))
         .sum();
     let r = rows as u64;
-    let other = r * (w_main - pn_main) + r * head + kv + 2 * state + r * (act + act_other);
-    let verify_bytes = vp.weight_bytes + other;
-    let verify_s = vp.seconds + other as f64 / (args.bandwidth * 1e9);
+    // Main-trunk stock bytes the batch kernels do not take (one GEMV per row; norms etc.).
+    let per_row = w_main - pn_main - (sp.batched_bytes - sp.head_bytes);
+    let other = r * per_row + kv + 2 * state + r * (act + act_other);
+    let verify_bytes = vp.weight_bytes + sp.batched_bytes + other;
+    let verify_s = vp.seconds + sp.seconds + other as f64 / (args.bandwidth * 1e9);
     let draft_pass = w_mtp + head + (act + act_other) / LAYERS;
     let step_bytes = verify_bytes + args.draft as u64 * draft_pass;
     let step_s = verify_s + args.draft as f64 * draft_pass as f64 / (args.bandwidth * 1e9);
@@ -228,7 +237,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (verify_launches, draft_launches) = (counted.verify, counted.draft);
     let step_launches = verify_launches + args.draft as u64 * draft_launches;
     println!(
-        "With MTP (draft {}, acceptance {}), verify of {rows} rows through the small-batch PN GEMV:",
+        "With MTP (draft {}, acceptance {}), verify of {rows} rows through the small-batch GEMVs (PN; Q4_K head and q8_0):",
         args.draft, args.acceptance
     );
     println!(
@@ -236,16 +245,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         crate::traffic_batch::check_batch_against_emulator(rows)?
     );
     println!(
-        "  verify DRAM {:.3} GB (PN weights once {:.3}; head and non-PN weights x{rows}); x staged from L2 {:.3} GB",
-        gb(verify_bytes),
-        gb(vp.weight_bytes),
-        gb(vp.x_l2_bytes)
+        "{}",
+        crate::traffic_batch::check_head_against_emulator(rows)?
     );
     println!(
-        "  verify time {:.1} ms (PN GEMVs {:.1} ms, of which ALU-bound {:.1} ms if no overlap with memory)",
+        "  verify DRAM {:.3} GB (PN weights once {:.3}; Q4_K head + q8_0 once {:.3}; other non-PN weights x{rows} {:.3}); x staged from L2 {:.3} GB (PN) + {:.3} GB (head)",
+        gb(verify_bytes),
+        gb(vp.weight_bytes),
+        gb(sp.batched_bytes),
+        gb(r * per_row),
+        gb(vp.x_l2_bytes),
+        gb(sp.x_l2_bytes)
+    );
+    println!(
+        "  verify time {:.1} ms (PN GEMVs {:.1} ms, of which ALU-bound {:.1} ms if no overlap with memory; head + q8_0 {:.1} ms, ALU bound {:.1} ms, {:.1} ms as one GEMV per row)",
         verify_s * 1e3,
         vp.seconds * 1e3,
-        vp.alu_seconds * 1e3
+        vp.alu_seconds * 1e3,
+        sp.seconds * 1e3,
+        sp.alu_seconds * 1e3,
+        sp.alu_seconds_per_row * 1e3
     );
     println!(
         "  step {:.3} GB (verify {:.3} + {} x draft {:.3}), {tokens:.4} tokens per step, {} launches per step = {:.0} per token",

@@ -28,6 +28,7 @@ mod norm;
 mod pn_gemv;
 mod pn_group;
 mod q8_group;
+mod quant_batch;
 mod quant_gemv;
 mod rope;
 mod topk;

@@ -256,7 +256,7 @@ impl Gpu {
         self.check_align(OP, "xh", xh, 4)?;
         let name = l.launch.kernel;
         let f = self.func("pn_gemv", name)?;
-        let (n_i, k_i, xp_i) = (n as i32, k as i32, l.xp as i32);
+        let (n_i, k_i, xp_i, g_i) = (n as i32, k as i32, l.xp as i32, l.groups as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(w)
             .arg(xh)
@@ -264,9 +264,10 @@ impl Gpu {
             .arg(y)
             .arg(&n_i)
             .arg(&k_i)
-            .arg(&xp_i);
-        // SAFETY: (w, xh, e, y, N, K, XP) as declared; lengths checked; geometry and shared
-        // memory (<= 48 KB) from launch::pn_batch.
+            .arg(&xp_i)
+            .arg(&g_i);
+        // SAFETY: (w, xh, e, y, N, K, XP, G) as declared; lengths checked; geometry, shared
+        // memory (<= 48 KB) and G (<= PN_BATCH_G) from launch::pn_batch.
         let c = Self::cfg((l.launch.grid, 1, 1), l.launch.threads, l.launch.smem);
         unsafe { b.launch(c) }.map_err(drv(name))?;
         Ok(())

@@ -160,8 +160,8 @@ impl CudaBackend {
 
     /// `y = x W^T` for every `(W, y)` of `outs` over `rows` rows of `x` (one K for all):
     /// matrix-vector kernels for one row; for 2..=8 rows (the MTP verify, batched decode) the
-    /// small-batch PN kernel (each weight read once for all rows) or one matrix-vector call per
-    /// row; the tiled matmul kernel for more.
+    /// small-batch kernels (PN, Q4_K, Q8_0: each weight read once for all rows) or one
+    /// matrix-vector call per row; the tiled matmul kernel for more.
     pub(super) fn try_matmul(
         &self,
         x: &CudaBuf,
@@ -309,6 +309,12 @@ impl CudaBackend {
                     self.gpu.pn_gemv_batch(m, rows, &wv, (&xh, &e), &mut yv)
                 }
                 .map_err(ctx)?;
+            } else if w.desc().reads_stock_batch(rows) {
+                // The Q4_K head, the Q8_0 matrices: one launch for all rows, row r the bits of
+                // the single-row kernel on row r (review finding 5).
+                self.gpu
+                    .gemv_batch(m, rows, &wv, &xv, &mut yv)
+                    .map_err(ctx)?;
             } else if rows <= PN_BATCH_MAX_T && w.ty != WeightType::Q3K {
                 // One matrix-vector call per row (odd PN block counts, K beyond the half2
                 // kernels, stock types): still far fewer bytes than the 64-row tiles.
@@ -364,6 +370,16 @@ impl MatDesc {
         (2..=PN_BATCH_MAX_T).contains(&rows)
             && pn_bits(self.ty)
                 .is_some_and(|b| launch::pn_batch(b, rows, self.rows, self.cols).is_some())
+    }
+    /// Read at `rows` (2..=8) rows by the small-batch Q4_K / Q8_0 kernels
+    /// ([`Gpu::gemv_batch`]).
+    pub(crate) fn reads_stock_batch(&self, rows: usize) -> bool {
+        let m = MatrixShape {
+            ty: self.ty,
+            n: self.rows,
+            k: self.cols,
+        };
+        Gpu::gemv_batchable(m, rows)
     }
 }
 
@@ -424,7 +440,7 @@ pub(crate) fn grouped(rows: usize, mats: &[MatDesc]) -> bool {
 
 /// Launches of [`CudaBackend::try_matmul_from`] for `mats` (one K) at `rows` rows: the
 /// conversion of x (unless a producer wrote it: `have_prepared`), then per matrix one launch
-/// (prepared / small-batch / tiled kernels) or one per row (the per-row GEMVs). The same
+/// (prepared / small-batch PN or stock / tiled kernels) or one per row (the per-row GEMVs). The same
 /// predicates as the backend's dispatch.
 pub(crate) fn matmul_launches(rows: usize, mats: &[MatDesc], have_prepared: bool) -> u64 {
     if rows == 0 || mats.is_empty() {
@@ -443,7 +459,10 @@ pub(crate) fn matmul_launches(rows: usize, mats: &[MatDesc], have_prepared: bool
         + mats
             .iter()
             .map(|m| {
-                if (prepared && m.reads_h2()) || (batched && m.reads_batch(rows)) {
+                if (prepared && m.reads_h2())
+                    || (batched && m.reads_batch(rows))
+                    || m.reads_stock_batch(rows)
+                {
                     1
                 } else if rows <= PN_BATCH_MAX_T && m.ty != WeightType::Q3K {
                     rows as u64
@@ -466,6 +485,42 @@ fn pn_bits(ty: WeightType) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The verify's stock matrices (the 27B Q4_K head, the GDN's q8_0 alpha/beta) take one
+    /// small-batch launch for 2..=8 rows, not one GEMV per row; q3_K and one row do not.
+    #[test]
+    fn stock_matrices_take_one_batch_launch_for_2_to_8_rows() {
+        let head = MatDesc {
+            ty: WeightType::Q4K,
+            rows: 248_320,
+            cols: 5120,
+        };
+        let alpha = MatDesc {
+            ty: WeightType::Q8_0,
+            rows: 48,
+            cols: 5120,
+        };
+        for rows in 2..=PN_BATCH_MAX_T {
+            assert!(head.reads_stock_batch(rows) && alpha.reads_stock_batch(rows));
+            assert_eq!(matmul_launches(rows, &[head], false), 1, "{rows} rows");
+            assert_eq!(matmul_launches(rows, &[alpha, alpha], false), 2);
+        }
+        assert!(!head.reads_stock_batch(1) && !head.reads_stock_batch(PN_BATCH_MAX_T + 1));
+        assert_eq!(matmul_launches(1, &[head], false), 1);
+        let q3 = MatDesc {
+            ty: WeightType::Q3K,
+            rows: 64,
+            cols: 256,
+        };
+        assert!(!q3.reads_stock_batch(3));
+        // An f32 matrix still runs one GEMV per row.
+        let f = MatDesc {
+            ty: WeightType::F32,
+            rows: 64,
+            cols: 256,
+        };
+        assert_eq!(matmul_launches(3, &[f], false), 3);
+    }
 
     /// The CPU reads every stock type `gguf_io::quants` decodes; the device only its kernels'
     /// types. Every other one is refused at load with tensor and type in the message (README,
