@@ -14,7 +14,7 @@ mod batch;
 mod fuse;
 mod group;
 pub use batch::{pn_gemv_batch, pn_prepare_rows};
-pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, Prepared};
+pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, NormOut, Prepared};
 pub use group::{pn_gemv_group, GroupMember};
 
 /// Regions the counters split global loads by.

@@ -43,8 +43,8 @@ pub use error::KernelError;
 #[cfg(feature = "cuda")]
 pub use gpu::{
     cudarc, driver_present, AttnShape, DeltaRuleViews, FusedRows, Gpu, GroupMat, KvElem, KvLayout,
-    KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte, RowLayout,
-    RowStrides, SplitK, MAX_GRID_Y,
+    KvStoreRows, MatrixShape, NormOutputs, NormShape, NormX, PreparedOut, Q4KvByte, Q8KvByte,
+    RowLayout, RowStrides, SplitK, MAX_GRID_Y,
 };
 pub use mixer_types::{
     rotation_scale, GateRotation, GatedNormRotation, QkL2, QkNormRopeShape, QK_NORM_ROPE_MAX_HEAD,

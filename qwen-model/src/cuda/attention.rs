@@ -65,6 +65,15 @@ impl AttnCall<'_, '_> {
     }
 }
 
+/// Whether [`CudaBackend::try_attention_gate_hadamard`] runs `n_tokens` queries of layout `l`
+/// as the split-K partials and one merge fused with the gate and rotation `gr` (decode lengths,
+/// gate rows laid out as the attention output's heads); else the caller's default. The launch
+/// counter asks the same.
+pub(crate) fn attn_gate_fuses(l: &AttnLayout, n_tokens: usize, gr: &GateRotation) -> bool {
+    let contiguous = gr.len == n_tokens * l.n_q_heads * HEAD_DIM && gr.n_heads == l.n_q_heads;
+    n_tokens > 0 && !attn_tiled(n_tokens) && gr.refusal().is_none() && contiguous
+}
+
 impl CudaBackend {
     /// Attention of the query tokens at `positions` (rows of `q` laid out as `l`) against the
     /// caches, which already hold positions `0..positions.end`; output `[n_tokens, Hq * 256]`.
@@ -92,9 +101,7 @@ impl CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<Option<()>, CudaError> {
         const OP: &str = "attention_gate_hadamard";
-        let n_tokens = positions.len();
-        let contiguous = gr.len == n_tokens * l.n_q_heads * HEAD_DIM && gr.n_heads == l.n_q_heads;
-        if n_tokens == 0 || attn_tiled(n_tokens) || gr.refusal().is_some() || !contiguous {
+        if !attn_gate_fuses(l, positions.len(), &gr) {
             return Ok(None);
         }
         let gv = view(OP, gate, gate_offset, gr.gate_len())?;
