@@ -8,7 +8,7 @@ namespace kfuse {
 
 extern "C" {
 // Arguments of fuse.cu's kernels (layout of `FuseArgs` in src/emu/fuse.rs). kind 0
-// add_rms_norm_hadamard_prep_f32 (x, r, y, w, n, eps), 1 swiglu_hadamard_prep_f32 (gate = x,
+// add_rms_norm_hadamard_prep_f32 (x, r, y, yp, w, n, eps), 1 swiglu_hadamard_prep_f32 (gate = x,
 // up = r, out = y, n, cap); both R, scale, xh, e, rows, on `grid` blocks of `threads` with `smem`
 // bytes of dynamic shared memory.
 struct PnFuseArgs {
@@ -16,6 +16,7 @@ struct PnFuseArgs {
     float* x;
     const float* r;
     float* y;
+    float* yp;
     const float* w;
     int n;
     float eps;
@@ -34,7 +35,7 @@ int pn_emu_fuse(const PnFuseArgs* a) {
     switch (a->kind) {
     case 0:
         body = [&] {
-            kfuse::add_rms_norm_hadamard_prep_f32(a->x, a->r, a->y, a->w, a->n, a->eps, a->R, a->scale, xh, a->e, a->rows);
+            kfuse::add_rms_norm_hadamard_prep_f32(a->x, a->r, a->y, a->yp, a->w, a->n, a->eps, a->R, a->scale, xh, a->e, a->rows);
         };
         break;
     case 1:

@@ -44,16 +44,6 @@ int pn_emu_gated_rms_norm_hadamard(const float* o, const float* z, const float* 
     return emu::launch3(EmuDim3{grid, 1, 1}, 128, (unsigned)(span * 4), body) ? 0 : -1;
 }
 
-// rms_norm_hadamard_dual_f32 on one block of 256 threads per row (the wrapper's), n floats of
-// shared memory.
-int pn_emu_rms_norm_hadamard_dual(const float* x, long long x_stride, float* y, long long y_stride, float* yp,
-                                  long long yp_stride, const float* w, int n, float eps, int R, float scale, unsigned rows) {
-    std::function<void()> body = [&] {
-        kmix::rms_norm_hadamard_dual_f32(x, x_stride, y, y_stride, yp, yp_stride, w, n, eps, R, scale);
-    };
-    return emu::launch3(EmuDim3{rows, 1, 1}, 256, (unsigned)(n * 4), body) ? 0 : -1;
-}
-
 // attn_combine_gate_hadamard_f32 on len / R blocks of clamp(R/2, 32, 512) threads, R floats of
 // shared memory (len = T * n_head * 256); xh (null: no fp16 copy), e and sync (2 zeroed words
 // per token) as the kernel takes them.

@@ -4,8 +4,11 @@
 // row), so the GEMVs that follow read it without a pn_prepare_x launch.
 //
 // add_rms_norm_hadamard_prep_f32: the residual add before a norm (optional), the RMSNorm, the
-// block-diagonal rotation and the fp16 copy. Same arithmetic, in the same order, as add_inplace_f32
-// then rms_norm_hadamard_f32 (256 threads) then pn_prepare_x_h2: the same bits.
+// block-diagonal rotation and the fp16 copy, and (optional) the unrotated normed row beside the
+// rotated one (the GDN's unquantized alpha/beta read it; the final norm before an unrotated head
+// writes only it). Same arithmetic, in the same order, as add_inplace_f32 then
+// rms_norm_hadamard_f32 (256 threads) then pn_prepare_x_h2, and, for the unrotated row,
+// rms_norm_f32 (256 threads: the same reduction order): the same bits.
 // swiglu_hadamard_prep_f32: swiglu_hadamard_f32 over a whole row (its R-chunks one after
 // another) and the fp16 copy of the row.
 //
@@ -23,15 +26,16 @@ PN_DEV void pn_store_pair(__half2* xh, int i, float v, float s, bool live) {
 }
 
 extern "C" {
-// For each row t < rows (n values, n <= 12256, a multiple of R): if r is not null,
-// x[t] += r[t] (written back: the residual stream); y[t] = H_R(rms(x[t]) * w) * scale; if xh is
-// not null, xh[t] (n / 2 half2) and e[t] as pn_prepare_x_h2 writes them for y[t].
-// Dynamic shared memory n floats. y must not alias x.
+// For each row t < rows (n values, n <= 12256): if r is not null, x[t] += r[t] (written back: the
+// residual stream); if yp is not null, yp[t] = rms(x[t]) * w (the unrotated norm); if y is not
+// null (n a multiple of R), y[t] = H_R(rms(x[t]) * w) * scale and, if xh is not null, xh[t]
+// (n / 2 half2, n a multiple of 16) and e[t] as pn_prepare_x_h2 writes them for y[t] (xh needs
+// y). Dynamic shared memory n floats. y and yp must not alias x or each other.
 __global__ void __launch_bounds__(512) add_rms_norm_hadamard_prep_f32(float* x, const float* __restrict__ r,
-                                                                      float* __restrict__ y, const float* __restrict__ w,
-                                                                      int n, float eps, int R, float scale,
-                                                                      __half2* __restrict__ xh, int* __restrict__ e_out,
-                                                                      int rows) {
+                                                                      float* __restrict__ y, float* __restrict__ yp,
+                                                                      const float* __restrict__ w, int n, float eps,
+                                                                      int R, float scale, __half2* __restrict__ xh,
+                                                                      int* __restrict__ e_out, int rows) {
     PN_DYN_SMEM(float, buf);
     PN_SMEM(float, scratch, 32);
     // Whole warps per pass, so the pair shuffle always has all 32 lanes.
@@ -51,25 +55,33 @@ __global__ void __launch_bounds__(512) add_rms_norm_hadamard_prep_f32(float* x, 
         }
         ss = pn_block_sum(ss, scratch);
         const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-        for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = buf[i] * inv * w[i];
-        __syncthreads();
-        pn_fwht_smem(buf, n, R);
-        float* yr = y + (pn_u64)t * n;
-        float amax = 0.0f;
+        // rms_norm_f32's product, x * inv * w, from the value this thread stored.
+        float* ypr = yp ? yp + (pn_u64)t * n : nullptr;
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = buf[i] * scale;
-            yr[i] = v;
-            amax = fmaxf(amax, fabsf(v));
+            const float v = buf[i] * inv * w[i];
+            buf[i] = v;
+            if (ypr) ypr[i] = v;
         }
-        if (xh) {
-            amax = pn_block_max(amax, scratch);
-            int e;
-            const float s = pn_x_scale_exp(amax, &e);
-            for (int i = threadIdx.x; i < span; i += blockDim.x) {
-                const bool live = i < n;
-                pn_store_pair(xh + (pn_u64)t * (n / 2), i, live ? buf[i] * scale : 0.0f, s, live);
+        if (y) { // uniform over the block: the barriers below are reached by every thread or none
+            __syncthreads();
+            pn_fwht_smem(buf, n, R);
+            float* yr = y + (pn_u64)t * n;
+            float amax = 0.0f;
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const float v = buf[i] * scale;
+                yr[i] = v;
+                amax = fmaxf(amax, fabsf(v));
             }
-            if (threadIdx.x == 0) e_out[t] = e;
+            if (xh) {
+                amax = pn_block_max(amax, scratch);
+                int e;
+                const float s = pn_x_scale_exp(amax, &e);
+                for (int i = threadIdx.x; i < span; i += blockDim.x) {
+                    const bool live = i < n;
+                    pn_store_pair(xh + (pn_u64)t * (n / 2), i, live ? buf[i] * scale : 0.0f, s, live);
+                }
+                if (threadIdx.x == 0) e_out[t] = e;
+            }
         }
         __syncthreads(); // buf and scratch are reused by the next row
     }

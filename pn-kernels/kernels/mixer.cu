@@ -10,10 +10,9 @@
 // - gated_rms_norm_hadamard_f32: the GDN output norm (norm.cu gated_rms_norm_f32, 128 threads)
 //   and the rotation of ssm_out's input, one launch instead of three;
 // - attn_combine_gate_hadamard_f32: the merge of the split-K attention partials (attention.cu
-//   attn_combine), the output gate and the rotation, one launch instead of two;
-// - rms_norm_hadamard_dual_f32: the GDN input norm rotated (for the PN qkv/gate) and unrotated
-//   (for the unquantized alpha/beta) from one pass, one launch instead of rms_norm_hadamard_f32
-//   and rms_norm_f32 (both 256 threads, so all three reduce in one order).
+//   attn_combine), the output gate and the rotation, one launch instead of two.
+// (The GDN input norm's rotated and unrotated rows come from fuse.cu's
+// add_rms_norm_hadamard_prep_f32, with the residual add and the fp16 copy.)
 // The two kernels that produce a PN projection's rotated input (the attention merge and the GDN
 // gated norm) also write its prepared fp16 copy when `xh` is given (rows of row_len values: the
 // o-projection's / ssm_out's K), with the bits of pn_prepare_x_h2 on the f32 rows they write:
@@ -126,36 +125,6 @@ __global__ void __launch_bounds__(128) gated_rms_norm_hadamard_f32(const float* 
         pn_row_prepare(out + row * row_len, row_len, amax, sync + 2 * row, (unsigned)(row_len / span), xh + row * (row_len / 2),
                        e_out + row, bc);
     }
-}
-
-// rms_norm_hadamard_f32 (hadamard.cu) that also writes the unrotated norm: yp = rms(x) * w and
-// y = H_R(yp) for one row per block (blockIdx.x = row); dynamic shared memory n floats.
-__global__ void __launch_bounds__(512) rms_norm_hadamard_dual_f32(const float* __restrict__ x, long long x_stride,
-                                                                  float* __restrict__ y, long long y_stride,
-                                                                  float* __restrict__ yp, long long yp_stride,
-                                                                  const float* __restrict__ w, int n, float eps, int R,
-                                                                  float scale) {
-    PN_DYN_SMEM(float, buf);
-    PN_SMEM(float, scratch, 32);
-    const float* xr = x + blockIdx.x * x_stride;
-    float* ypr = yp + blockIdx.x * yp_stride;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = xr[i];
-        buf[i] = v;
-        ss += v * v;
-    }
-    ss = pn_block_sum(ss, scratch);
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = buf[i] * inv * w[i];
-        buf[i] = v;
-        ypr[i] = v;
-    }
-    __syncthreads();
-    pn_fwht_smem(buf, n, R);
-    float* yr = y + blockIdx.x * y_stride;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = buf[i] * scale;
 }
 
 // attn_combine (attention.cu) of the split-K partials, then the output gate, then the rotation:

@@ -17,7 +17,7 @@ mod norm_grid;
 mod q8_group;
 mod quant_batch;
 pub use batch::{pn_gemv_batch, pn_prepare_rows};
-pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, Prepared};
+pub use fuse::{add_rms_norm_hadamard_prep, swiglu_hadamard_prep, FuseShape, NormOut, Prepared};
 pub use group::{pn_gemv_group, GroupMember};
 pub use norm_grid::norm_strided;
 pub use q8_group::q8_0_gemv_group;

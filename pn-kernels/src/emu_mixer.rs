@@ -58,20 +58,6 @@ extern "C" {
         sync: *mut u32,
         row_len: i32,
     ) -> i32;
-    fn pn_emu_rms_norm_hadamard_dual(
-        x: *const f32,
-        x_stride: i64,
-        y: *mut f32,
-        y_stride: i64,
-        yp: *mut f32,
-        yp_stride: i64,
-        w: *const f32,
-        n: i32,
-        eps: f32,
-        r: i32,
-        scale: f32,
-        rows: u32,
-    ) -> i32;
     fn pn_emu_attn_combine_gate_hadamard(
         part_o: *const f32,
         part_ml: *const f32,
@@ -369,51 +355,6 @@ pub fn delta_rule_l2(
                 t as i32,
                 l2.q_scale,
                 l2.eps,
-            )
-        }
-    })
-}
-
-/// `rms_norm_hadamard_dual_f32` over `rows` contiguous rows of `n` (`n` a multiple of `r`,
-/// at most [`crate::QK_NORM_ROPE_MAX_HEAD`]): `plain = rms(x) * w`, `rot = H_r(plain)`.
-pub fn rms_norm_hadamard_dual(
-    (x, w): (&[f32], &[f32]),
-    (rot, plain): (&mut [f32], &mut [f32]),
-    (rows, n, eps): (usize, usize, f32),
-    r: usize,
-) -> Result<EmuStats, EmuError> {
-    const K: &str = "rms_norm_hadamard_dual_f32";
-    let len = rows * n;
-    need(
-        K,
-        r.is_power_of_two()
-            && (2..=1024).contains(&r)
-            && n > 0
-            && n.is_multiple_of(r)
-            && n <= crate::QK_NORM_ROPE_MAX_HEAD
-            && rows > 0
-            && x.len() >= len
-            && rot.len() >= len
-            && plain.len() >= len
-            && w.len() >= n,
-        || format!("{rows} rows of {n} in blocks of {r}: bad shape or short buffers"),
-    )?;
-    emu::counted(K, &[], || {
-        // SAFETY: every length the kernel reads or writes is checked above.
-        unsafe {
-            pn_emu_rms_norm_hadamard_dual(
-                x.as_ptr(),
-                n as i64,
-                rot.as_mut_ptr(),
-                n as i64,
-                plain.as_mut_ptr(),
-                n as i64,
-                w.as_ptr(),
-                n as i32,
-                eps,
-                r as i32,
-                rotation_scale(r),
-                rows as u32,
             )
         }
     })

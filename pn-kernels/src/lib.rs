@@ -44,8 +44,8 @@ pub use error::KernelError;
 #[cfg(feature = "cuda")]
 pub use gpu::{
     cudarc, driver_present, AttnShape, ConvViews, DeltaGates, DeltaRuleViews, FusedRows, Gpu,
-    GroupMat, KvElem, KvLayout, KvStoreRows, MatrixShape, NormShape, NormX, PreparedOut, Q4KvByte,
-    Q8KvByte, RowLayout, RowPrepOut, RowStrides, SplitK, MAX_GRID_Y,
+    GroupMat, KvElem, KvLayout, KvStoreRows, MatrixShape, NormOutputs, NormShape, NormX,
+    PreparedOut, Q4KvByte, Q8KvByte, RowLayout, RowPrepOut, RowStrides, SplitK, MAX_GRID_Y,
 };
 pub use mixer_types::{
     delta_rule_conv_refusal, rotation_scale, GateRotation, GatedNormRotation, QkL2,

@@ -1,7 +1,8 @@
 //! GPU test of the fused producers (`Gpu::add_rms_norm_hadamard_prep`,
 //! `Gpu::swiglu_hadamard_prep`) and the grouped PN GEMV (`Gpu::pn_gemv_group`): on the device
 //! each equals the unfused launches it replaces bit for bit (add + `rms_norm_hadamard` +
-//! `pn_prepare_rows`; `swiglu_hadamard` + `pn_prepare_rows`; one `pn_gemv_prepared` per matrix).
+//! `pn_prepare_rows`, and `rms_norm` for the unrotated rows; `swiglu_hadamard` +
+//! `pn_prepare_rows`; one `pn_gemv_prepared` per matrix).
 //! The host emulator runs the same sources (host_emu_fuse.rs, host_emu_group.rs). Needs a CUDA
 //! device, so `#[ignore]`d: `cargo test -p pn-kernels --test gpu_fuse -- --ignored`.
 #![cfg(feature = "cuda")]
@@ -11,7 +12,8 @@ mod common;
 use common::*;
 use half::f16;
 use pn_kernels::{
-    FusedRows, GroupMat, MatrixShape, NormShape, NormX, PreparedOut, RowStrides, WeightType,
+    FusedRows, GroupMat, MatrixShape, NormOutputs, NormShape, NormX, PreparedOut, RowLayout,
+    RowStrides, WeightType,
 };
 
 #[test]
@@ -35,6 +37,7 @@ fn fused_producers_and_grouped_gemv_equal_the_unfused_launches_on_the_device() {
     // Fused.
     let mut dx = s.clone_htod(&x).unwrap();
     let mut y = s.alloc_zeros::<f32>(rows * n).unwrap();
+    let mut yp = s.alloc_zeros::<f32>(rows * n).unwrap();
     let mut xh = s.alloc_zeros::<f16>(rows * n).unwrap();
     let mut e = s.alloc_zeros::<i32>(rows).unwrap();
     let prep = PreparedOut {
@@ -43,10 +46,27 @@ fn fused_producers_and_grouped_gemv_equal_the_unfused_launches_on_the_device() {
     };
     g.add_rms_norm_hadamard_prep(
         NormX::AddFirst(&mut dx.as_view_mut(), &dadd.as_view()),
-        &mut y.as_view_mut(),
+        NormOutputs {
+            rot: Some(&mut y.as_view_mut()),
+            prep: Some(prep),
+            plain: Some(&mut yp.as_view_mut()),
+        },
         (&dw.as_view(), norm),
         FusedRows { rows, n, r: blk },
-        Some(prep),
+    )
+    .unwrap();
+    // The unrotated rows alone (the final norm before an unrotated head).
+    let mut dx2 = s.clone_htod(&x).unwrap();
+    let mut yp2 = s.alloc_zeros::<f32>(rows * n).unwrap();
+    g.add_rms_norm_hadamard_prep(
+        NormX::AddFirst(&mut dx2.as_view_mut(), &dadd.as_view()),
+        NormOutputs {
+            rot: None,
+            prep: None,
+            plain: Some(&mut yp2.as_view_mut()),
+        },
+        (&dw.as_view(), norm),
+        FusedRows { rows, n, r: blk },
     )
     .unwrap();
     // Unfused.
@@ -61,6 +81,17 @@ fn fused_producers_and_grouped_gemv_equal_the_unfused_launches_on_the_device() {
         RowStrides::contiguous(rows, n),
         norm,
         blk,
+    )
+    .unwrap();
+    let mut uyp = s.alloc_zeros::<f32>(rows * n).unwrap();
+    let l = RowLayout::contiguous(rows, n);
+    g.rms_norm(
+        &ux.as_view(),
+        l,
+        &mut uyp.as_view_mut(),
+        l,
+        Some(&dw.as_view()),
+        norm,
     )
     .unwrap();
     let mut uxh = s.alloc_zeros::<f16>(rows * n).unwrap();
@@ -82,6 +113,14 @@ fn fused_producers_and_grouped_gemv_equal_the_unfused_launches_on_the_device() {
         bits(s.clone_dtoh(&y).unwrap()),
         bits(s.clone_dtoh(&uy).unwrap()),
         "normed"
+    );
+    let uyp = bits(s.clone_dtoh(&uyp).unwrap());
+    assert_eq!(bits(s.clone_dtoh(&yp).unwrap()), uyp, "unrotated");
+    assert_eq!(bits(s.clone_dtoh(&yp2).unwrap()), uyp, "unrotated alone");
+    assert_eq!(
+        bits(s.clone_dtoh(&dx2).unwrap()),
+        bits(s.clone_dtoh(&ux).unwrap()),
+        "residual (unrotated alone)"
     );
     assert_eq!(
         s.clone_dtoh(&xh).unwrap(),

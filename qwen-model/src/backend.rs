@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 pub(crate) mod mixer_ops;
 pub(crate) mod mixer_proj;
-pub use mixer_ops::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+pub use mixer_ops::{AttnGateRot, GatedNormShape, QkNormRope, RotatedOut};
 pub use mixer_proj::{ConvIn, MixerOut};
 
 /// Layout of the q/k heads a RoPE call rotates.
@@ -597,20 +597,22 @@ pub trait Backend: Send + Sync {
         self.hadamard(out, len, block)
     }
 
-    /// The rotated input of PN matrices and the matrices in one op: `x` (after `x += add` for
-    /// [`crate::NormIn::AddFirst`]) through RMSNorm and rotation into `rot` (as
-    /// [`Backend::rms_norm_hadamard`]), then `y = rot W^T` for every `(W, y)` of `outs` (all
-    /// reading `rot`). The default is those ops in sequence
-    /// ([`crate::fused::norm_hadamard_matmul_default`]); a backend overrides it to fuse the add,
-    /// the norm, the rotation and its matrices' input conversion into one kernel.
-    fn norm_hadamard_matmul(
+    /// A block's input norm and the matrices reading it, in one op: `x` (after `x += add` for
+    /// [`crate::NormIn::AddFirst`]: the residual add fused into the norm that follows it)
+    /// through RMSNorm, then for `rot` the rotation into `rot.buf` (as
+    /// [`Backend::rms_norm_hadamard`]: the input of PN matrices) and for `plain` the unrotated
+    /// rows into `plain.buf` (as [`Backend::rms_norm`]: stock matrices, the hidden-state
+    /// output), each followed by `y = buf W^T` for its matrices. The default is those ops in
+    /// sequence ([`crate::fused::norm_matmul_default`]); a backend overrides it to write the
+    /// sum, both forms of the rows and the PN matrices' converted input in one kernel.
+    fn norm_matmul(
         &self,
         x: crate::NormIn<'_, Self::Buf>,
         norm: &crate::NormRot<'_, Self::Buf>,
-        rot: &mut Self::Buf,
-        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+        rot: Option<crate::NormDest<'_, '_, Self::Buf, Self::Weight>>,
+        plain: Option<crate::NormDest<'_, '_, Self::Buf, Self::Weight>>,
     ) -> Result<(), ModelError> {
-        crate::fused::norm_hadamard_matmul_default(self, x, norm, rot, outs)
+        crate::fused::norm_matmul_default(self, x, norm, rot, plain)
     }
 
     /// [`Backend::swiglu_hadamard`] of `s` into `out`, then `y = out W^T` for every `(W, y)`
@@ -706,20 +708,6 @@ pub trait Backend: Send + Sync {
         args: GdnArgs<'_, Self::Buf>,
     ) -> Result<(), ModelError> {
         mixer_proj::conv_gated_delta_rule(self, c, args)
-    }
-
-    /// [`Backend::rms_norm_hadamard`] of `x` into `rot` and [`Backend::rms_norm`] of `x` into
-    /// `plain` (a block's input for rotated and unrotated matrices, as the GDN's PN qkv/gate
-    /// and unquantized alpha/beta). The default is the two ops (their bits); a backend
-    /// overrides it with one kernel.
-    fn rms_norm_hadamard_dual(
-        &self,
-        (x, w): (&Self::Buf, &Self::Buf),
-        (rot, plain): (&mut Self::Buf, &mut Self::Buf),
-        s: NormRows,
-    ) -> Result<(), ModelError> {
-        self.rms_norm_hadamard(x, w, rot, s.rows, s.n, s.eps, s.block)?;
-        self.rms_norm(x, w, plain, s.rows, s.n, s.eps)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The arguments of the fused producer-and-projection ops of [`Backend`]
-//! ([`Backend::norm_hadamard_matmul`], [`Backend::swiglu_hadamard_matmul`]) and their trait
+//! ([`Backend::norm_matmul`], [`Backend::swiglu_hadamard_matmul`]) and their trait
 //! defaults, composed of the unfused ops (so a backend that keeps the defaults, the CPU, gives the
 //! bits it gave before). A backend overrides them to write the matrices' input and its
 //! prepared copy in one kernel and run the matrices after it without a conversion launch.
@@ -45,6 +45,16 @@ pub struct NormRot<'a, Buf> {
     pub block: usize,
 }
 
+/// One form of a fused norm's rows ([`Backend::norm_matmul`]) and the matrices that read it:
+/// `buf` (`[rows, n]`), then `y = buf W^T` for every `(W, y)` of `outs` (none: the rows alone,
+/// for a caller that reads them itself, as the final norm's hidden-state output).
+pub struct NormDest<'a, 'b, Buf, W> {
+    /// The normed rows, `[rows, n]`.
+    pub buf: &'a mut Buf,
+    /// The matrices reading them, each with its output rows.
+    pub outs: &'a mut [(&'b W, &'b mut Buf)],
+}
+
 /// The SwiGLU and rotation of [`Backend::swiglu_hadamard_matmul`]: `rows` rows of `n` floats
 /// of `gate` and `up` (`[rows, n]` each), rotation blocks of `block`.
 #[derive(Clone, Copy)]
@@ -61,15 +71,17 @@ pub struct SwigluRot<'a, Buf> {
     pub block: usize,
 }
 
-/// The trait default of [`Backend::norm_hadamard_matmul`]: [`Backend::add`] (for
-/// [`NormIn::AddFirst`]), [`Backend::rms_norm_hadamard`] into `rot`, [`Backend::matmul`] of
-/// `rot` into `outs`.
-pub fn norm_hadamard_matmul_default<B: Backend + ?Sized>(
+/// The trait default of [`Backend::norm_matmul`]: [`Backend::add`] (for
+/// [`NormIn::AddFirst`]); for `rot`, [`Backend::rms_norm_hadamard`] into its rows and
+/// [`Backend::matmul`] of them; for `plain`, [`Backend::rms_norm`] into its rows and
+/// [`Backend::matmul`] of them (skipped without matrices). This is the order the graph ran
+/// these ops in before they were one op, so a backend keeping the default keeps its bits.
+pub fn norm_matmul_default<B: Backend + ?Sized>(
     be: &B,
     x: NormIn<'_, B::Buf>,
     norm: &NormRot<'_, B::Buf>,
-    rot: &mut B::Buf,
-    outs: &mut [(&B::Weight, &mut B::Buf)],
+    rot: Option<NormDest<'_, '_, B::Buf, B::Weight>>,
+    plain: Option<NormDest<'_, '_, B::Buf, B::Weight>>,
 ) -> Result<(), ModelError> {
     let NormRot {
         w,
@@ -85,8 +97,17 @@ pub fn norm_hadamard_matmul_default<B: Backend + ?Sized>(
             x
         }
     };
-    be.rms_norm_hadamard(x, w, rot, rows, n, eps, block)?;
-    be.matmul(rot, rows, outs)
+    if let Some(r) = rot {
+        be.rms_norm_hadamard(x, w, r.buf, rows, n, eps, block)?;
+        be.matmul(r.buf, rows, r.outs)?;
+    }
+    if let Some(p) = plain {
+        be.rms_norm(x, w, p.buf, rows, n, eps)?;
+        if !p.outs.is_empty() {
+            be.matmul(p.buf, rows, p.outs)?;
+        }
+    }
+    Ok(())
 }
 
 /// The trait default of [`Backend::swiglu_hadamard_matmul`]: [`Backend::swiglu_hadamard`]

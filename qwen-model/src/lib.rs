@@ -44,13 +44,13 @@ pub mod weights;
 
 pub use backend::{
     AttnGateRot, AttnLayout, Backend, ConvIn, ConvShape, GateLayout, GatedNormShape, GdnArgs,
-    GdnDims, GdnRowScratch, GdnTrace, KvCacheType, MixerOut, NormRows, QkNormRope, Requirements,
-    RopeLayout, RotatedOut, Unsupported, WeightSource,
+    GdnDims, GdnRowScratch, GdnTrace, KvCacheType, MixerOut, QkNormRope, Requirements, RopeLayout,
+    RotatedOut, Unsupported, WeightSource,
 };
 pub use config::{LayerKind, ModelConfig, Rotation};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
-pub use fused::{NormIn, NormRot, SwigluRot};
+pub use fused::{NormDest, NormIn, NormRot, SwigluRot};
 pub use model::{BatchSeq, Model, MtpSeq, Outputs, Workspace};
 pub use state::{kv_bytes_per_token, GdnState, Snapshot, State, StateTrace};
 pub use weights::Weights;

@@ -1,5 +1,6 @@
 //! The fused mixer ops of the CUDA backend (`qk_norm_rope`, `kv_write_pair`,
-//! `sigmoid_gate_hadamard`, `gated_rms_norm_hadamard`, `rms_norm_hadamard_dual`; issue #23) against the CPU backend's
+//! `sigmoid_gate_hadamard`, `gated_rms_norm_hadamard`; the residual add fused into `norm_matmul`;
+//! issue #23) against the CPU backend's
 //! defaults (the separate ops), at the 27B mixer shapes and adversarial ones. The L2-normalising
 //! delta rule is covered by `cuda_backend::conv_and_delta_rule_match_cpu`.
 //!
@@ -9,8 +10,8 @@
 use pn_tests::{max_abs, seeded_vec as rnd};
 use qwen_model::cuda::CudaBackend;
 use qwen_model::{
-    Backend, CpuBackend, GateLayout, GatedNormShape, KvCacheType, NormRows, QkNormRope, RopeLayout,
-    RotatedOut,
+    Backend, CpuBackend, GateLayout, GatedNormShape, KvCacheType, NormDest, NormIn, NormRot,
+    QkNormRope, RopeLayout, RotatedOut,
 };
 
 fn gpu() -> Option<CudaBackend> {
@@ -211,34 +212,54 @@ fn fused_output_rotations_match_cpu() {
     }
 }
 
-fn dual<B: Backend>(be: &B, rows: usize, n: usize, block: usize) -> Vec<f32> {
+/// `norm_matmul` of the residual `x + add` into its unrotated rows alone (the final norm before
+/// an unrotated head: one fused launch on the device) and, with a rotated destination and no
+/// matrices, the default's separate ops; `x` keeps the sum.
+fn add_norm<B: Backend>(be: &B, rows: usize, n: usize, block: usize) -> Vec<f32> {
     let mut xv = rnd(61, rows * n, 3.0);
     xv[..n].fill(0.0);
-    let (x, w) = (buf(be, &xv), buf(be, &rnd(62, n, 1.5)));
+    let (mut x, w) = (buf(be, &xv), buf(be, &rnd(62, n, 1.5)));
+    let add = buf(be, &rnd(63, rows * n, 1.0));
     let (mut rot, mut plain) = (be.alloc(rows * n).unwrap(), be.alloc(rows * n).unwrap());
-    let s = NormRows {
+    let nr = NormRot {
+        w: &w,
         rows,
         n,
         eps: 1e-6,
         block,
     };
-    be.rms_norm_hadamard_dual((&x, &w), (&mut rot, &mut plain), s)
+    let x_in = NormIn::AddFirst {
+        x: &mut x,
+        add: &add,
+    };
+    let plain_dest = NormDest::<_, B::Weight> {
+        buf: &mut plain,
+        outs: &mut [],
+    };
+    be.norm_matmul(x_in, &nr, None, Some(plain_dest)).unwrap();
+    let rot_dest = NormDest::<_, B::Weight> {
+        buf: &mut rot,
+        outs: &mut [],
+    };
+    be.norm_matmul(NormIn::Plain(&x), &nr, Some(rot_dest), None)
         .unwrap();
-    let mut out = get(be, &rot, rows * n);
-    out.extend(get(be, &plain, rows * n));
+    let mut out = get(be, &plain, rows * n);
+    out.extend(get(be, &rot, rows * n));
+    out.extend(get(be, &x, rows * n));
     out
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn rms_norm_hadamard_dual_matches_cpu() {
+fn add_and_norm_matches_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(2);
-    // The 27B hidden size; a row longer than the fused kernel's shared memory (the fallback).
+    // The 27B hidden size (decode, verify); a row longer than the fused kernel's shared memory
+    // (the separate ops).
     for (rows, n, block) in [(1, 5120, 256), (3, 5120, 64), (2, 16384, 1024)] {
-        let (got, want) = (dual(&g, rows, n, block), dual(&cpu, rows, n, block));
+        let (got, want) = (add_norm(&g, rows, n, block), add_norm(&cpu, rows, n, block));
         check(
-            &format!("rms_norm_hadamard_dual {rows}x{n} R={block}"),
+            &format!("add + rms_norm {rows}x{n} R={block}"),
             &got,
             &want,
             1e-4,

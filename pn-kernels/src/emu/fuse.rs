@@ -11,6 +11,7 @@ struct FuseArgs {
     x: *mut f32,
     r: *const f32,
     y: *mut f32,
+    yp: *mut f32,
     w: *const f32,
     n: i32,
     eps: f32,
@@ -70,22 +71,39 @@ impl FuseShape {
     }
 }
 
+/// Where [`add_rms_norm_hadamard_prep`] writes its rows (`rows * n` values each).
+pub struct NormOut<'a> {
+    /// The rotated rows `H_r(rms(x) * w)` (none: no rotation and no fp16 copy).
+    pub rot: Option<&'a mut [f32]>,
+    /// The unrotated rows `rms(x) * w`.
+    pub plain: Option<&'a mut [f32]>,
+    /// Whether the fp16 copy of the rotated rows is written (needs `rot`).
+    pub prep: bool,
+}
+
 /// `add_rms_norm_hadamard_prep_f32`: for each row, `x += add` (when given; written back), then
-/// `y = H_r(rms(x) * w)`, and (when `prep`) the fp16 copy of y. Dynamic shared memory `n` floats.
+/// the rows of `out`: `H_r(rms(x) * w)` with (when `out.prep`) its fp16 copy, and/or the
+/// unrotated `rms(x) * w`. Dynamic shared memory `n` floats.
 pub fn add_rms_norm_hadamard_prep(
     x: &mut [f32],
     add: Option<&[f32]>,
     (w, eps): (&[f32], f32),
-    y: &mut [f32],
+    out: NormOut<'_>,
     shape: FuseShape,
-    prep: bool,
 ) -> Result<(EmuStats, Option<Prepared>), EmuError> {
     const K: &str = "add_rms_norm_hadamard_prep_f32";
-    let mut lens = vec![x.len(), y.len()];
+    let NormOut { rot, plain, prep } = out;
+    let mut lens = vec![x.len()];
     lens.extend(add.map(<[f32]>::len));
+    lens.extend(rot.as_deref().map(<[f32]>::len));
+    lens.extend(plain.as_deref().map(<[f32]>::len));
     shape.check(K, &lens)?;
-    need(K, w.len() >= shape.n, || {
-        format!("weight has {} values", w.len())
+    need(K, w.len() >= shape.n && (rot.is_some() || !prep), || {
+        format!(
+            "weight has {} values; fp16 copy without rotated rows: {}",
+            w.len(),
+            rot.is_none() && prep
+        )
     })?;
     let mut p = Prepared {
         xh: vec![0; if prep { shape.rows * shape.n } else { 0 }],
@@ -95,7 +113,8 @@ pub fn add_rms_norm_hadamard_prep(
         kind: 0,
         x: x.as_mut_ptr(),
         r: add.map_or(std::ptr::null(), <[f32]>::as_ptr),
-        y: y.as_mut_ptr(),
+        y: rot.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr),
+        yp: plain.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr),
         w: w.as_ptr(),
         n: shape.n as i32,
         eps,
@@ -117,7 +136,8 @@ pub fn add_rms_norm_hadamard_prep(
         threads: shape.threads,
         smem: (4 * shape.n) as u32,
     };
-    // SAFETY: every buffer holds rows * n values (checked), xh/e rows * n halves / rows ints.
+    // SAFETY: every buffer given holds rows * n values (checked), xh/e rows * n halves / rows
+    // ints; a null output is skipped by the kernel.
     let s = counted(K, &[], || unsafe { pn_emu_fuse(&a) })?;
     Ok((s, prep.then_some(p)))
 }
@@ -148,6 +168,7 @@ pub fn swiglu_hadamard_prep(
         x: gate.as_ptr().cast_mut(),
         r: up.as_ptr(),
         y: out.as_mut_ptr(),
+        yp: std::ptr::null_mut(),
         w: std::ptr::null(),
         n: shape.n as i32,
         eps: 0.0,

@@ -2,7 +2,7 @@
 //! output gate with the o-projection's rotation, the GDN output norm with ssm_out's rotation;
 //! each one launch where the decode path took two to four.
 
-use super::{drv, AttnShape, Gpu, KvElem, NormShape, PreparedOut, SplitK};
+use super::{drv, AttnShape, Gpu, KvElem, PreparedOut, SplitK};
 use crate::error::{check, KernelError};
 use crate::mixer_types::{rotation_scale, GateRotation, GatedNormRotation, QkNormRopeShape};
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -246,55 +246,6 @@ impl Gpu {
             ))
         }
         .map_err(drv("gated_rms_norm_hadamard_f32"))?;
-        Ok(())
-    }
-
-    /// RMSNorm of `rows` contiguous rows of `norm.n` (weight `w`) into `plain` and its rotation
-    /// in blocks of `r` into `rot`, one launch for what [`Gpu::rms_norm_hadamard`] and
-    /// [`Gpu::rms_norm`] do (with their bits: all three reduce with 256 threads).
-    pub fn rms_norm_hadamard_dual(
-        &self,
-        (x, w): (&CudaView<'_, f32>, &CudaView<'_, f32>),
-        (rot, plain): (&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, f32>),
-        rows: usize,
-        norm: NormShape,
-        r: usize,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "rms_norm_hadamard_dual";
-        let NormShape { n, eps } = norm;
-        check(
-            Self::rotation_fits(n, r) && n <= Self::RMS_NORM_HADAMARD_MAX_N && rows > 0,
-            OP,
-            || format!("{rows} rows of {n} in rotation blocks of {r}"),
-        )?;
-        check(rows <= u32::MAX as usize / 2, OP, || format!("{rows} rows"))?;
-        let len = rows * n;
-        check(
-            x.len() >= len && rot.len() >= len && plain.len() >= len && w.len() >= n,
-            OP,
-            || {
-                format!(
-                    "x/rot/plain/w have {}/{}/{}/{} floats, need {len}/{len}/{len}/{n}",
-                    x.len(),
-                    rot.len(),
-                    plain.len(),
-                    w.len()
-                )
-            },
-        )?;
-        let f = self.func("mixer", "rms_norm_hadamard_dual_f32")?;
-        let (stride, n_i, r_i, scale) = (n as i64, n as i32, r as i32, rotation_scale(r));
-        let mut b = self.stream.launch_builder(f);
-        b.arg(x)
-            .arg(&stride)
-            .arg(rot)
-            .arg(&stride)
-            .arg(plain)
-            .arg(&stride);
-        b.arg(w).arg(&n_i).arg(&eps).arg(&r_i).arg(&scale);
-        // SAFETY: arguments as declared; lengths checked; shared memory n floats.
-        unsafe { b.launch(Self::cfg((rows as u32, 1, 1), 256, (n * 4) as u32)) }
-            .map_err(drv("rms_norm_hadamard_dual_f32"))?;
         Ok(())
     }
 

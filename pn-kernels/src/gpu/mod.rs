@@ -36,7 +36,7 @@ mod topk;
 pub use attention::{AttnShape, SplitK};
 pub use delta_conv::{ConvViews, DeltaGates};
 pub use delta_rule::DeltaRuleViews;
-pub use fuse::{FusedRows, NormX, PreparedOut};
+pub use fuse::{FusedRows, NormOutputs, NormX, PreparedOut};
 pub use kv::{KvElem, KvLayout, KvStoreRows, Q4KvByte, Q8KvByte};
 pub use mixer::RowPrepOut;
 pub use norm::NormShape;

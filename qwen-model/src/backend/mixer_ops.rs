@@ -82,20 +82,6 @@ pub struct GatedNormShape {
     pub block: usize,
 }
 
-/// Shape of one [`Backend::rms_norm_hadamard_dual`] call: `rows` rows of `n` floats, epsilon
-/// `eps`, rotated in blocks of `block` (dividing `n`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct NormRows {
-    /// Rows (tokens).
-    pub rows: usize,
-    /// Row length (the hidden size).
-    pub n: usize,
-    /// RMSNorm epsilon.
-    pub eps: f32,
-    /// Rotation block.
-    pub block: usize,
-}
-
 /// The default [`Backend::qk_norm_rope`]: `rms_norm_strided` of the q heads and of the k
 /// heads, then `rope` of each.
 pub(crate) fn qk_norm_rope<B: Backend + ?Sized>(

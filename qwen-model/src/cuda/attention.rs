@@ -70,6 +70,14 @@ impl AttnCall<'_, '_> {
     }
 }
 
+/// Whether [`CudaBackend::try_attention_gate_hadamard`] runs `n_tokens` queries of layout `l`
+/// as the split-K partials and one merge fused with the gate and rotation `gr` (decode lengths,
+/// gate rows laid out as the attention output's heads); else the caller's default. The launch
+/// counter asks the same.
+pub(crate) fn attn_gate_fuses(l: &AttnLayout, n_tokens: usize, gr: &GateRotation) -> bool {
+    attention_fuses(n_tokens, l.n_q_heads, gr)
+}
+
 impl CudaBackend {
     /// Attention of the query tokens at `positions` (rows of `q` laid out as `l`) against the
     /// caches, which already hold positions `0..positions.end`; output `[n_tokens, Hq * 256]`.

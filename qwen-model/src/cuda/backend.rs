@@ -2,7 +2,8 @@
 //! (`try_*`, each in the module of its op family), turning [`CudaError`] into [`ModelError`].
 
 use super::{caps, CudaBackend, CudaBuf, CudaKv, CudaWeight};
-use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+use crate::NormDest;
+use crate::{AttnGateRot, GatedNormShape, QkNormRope, RotatedOut};
 use crate::{
     AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormIn, NormRot,
     Requirements, RopeLayout, SwigluRot, Unsupported, WeightSource,
@@ -248,14 +249,14 @@ impl Backend for CudaBackend {
         Ok(self.try_swiglu_hadamard((gate, up), out, len, block)?)
     }
 
-    fn norm_hadamard_matmul(
+    fn norm_matmul(
         &self,
         x: NormIn<'_, CudaBuf>,
         norm: &NormRot<'_, CudaBuf>,
-        rot: &mut CudaBuf,
-        outs: &mut [(&CudaWeight, &mut CudaBuf)],
+        rot: Option<NormDest<'_, '_, CudaBuf, CudaWeight>>,
+        plain: Option<NormDest<'_, '_, CudaBuf, CudaWeight>>,
     ) -> Result<(), ModelError> {
-        self.fused_norm_matmul(x, norm, rot, outs)
+        self.fused_norm_matmul(x, norm, rot, plain)
     }
 
     fn swiglu_hadamard_matmul(
@@ -297,15 +298,6 @@ impl Backend for CudaBackend {
         s: GatedNormShape,
     ) -> Result<(), ModelError> {
         self.fused_gated_rms_norm_hadamard(xzw, out, s)
-    }
-
-    fn rms_norm_hadamard_dual(
-        &self,
-        xw: (&CudaBuf, &CudaBuf),
-        outs: (&mut CudaBuf, &mut CudaBuf),
-        s: NormRows,
-    ) -> Result<(), ModelError> {
-        self.fused_rms_norm_hadamard_dual(xw, outs, s)
     }
 
     fn attention_gate_hadamard(

@@ -82,6 +82,20 @@ impl KvStore for Q4KvByte {
     }
 }
 
+/// Whether [`CudaBackend::try_kv_write_pair`] writes `len` values of K and of V at `dst_off`
+/// into caches of `(values, type)` `k` and `v` in one launch: whole rows of [`HEAD_DIM`] that
+/// fit both caches, of one storage type (else two writes). The launch counter asks the same.
+pub(crate) fn kv_pair_fuses(
+    dst_off: usize,
+    len: usize,
+    k: (usize, KvCacheType),
+    v: (usize, KvCacheType),
+) -> bool {
+    let rows_ok = dst_off.is_multiple_of(HEAD_DIM) && len.is_multiple_of(HEAD_DIM);
+    let fits = |values: usize| dst_off.checked_add(len).is_some_and(|e| e <= values);
+    rows_ok && fits(k.0) && fits(v.0) && k.1 == v.1
+}
+
 /// The storage type of a typed cache slice (for [`with_kv!`] bodies).
 fn type_of<T: KvStore>(_: &CudaSlice<T>) -> KvCacheType {
     T::TYPE
@@ -161,9 +175,8 @@ impl CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let rows_ok = dst_off.is_multiple_of(HEAD_DIM) && len.is_multiple_of(HEAD_DIM);
-        let fits = |c: &CudaKv| dst_off.checked_add(len).is_some_and(|e| e <= c.len());
-        if !rows_ok || !fits(kc) || !fits(vc) || kc.kv_type() != vc.kv_type() {
+        let (k_at, v_at) = ((kc.len(), kc.kv_type()), (vc.len(), vc.kv_type()));
+        if !kv_pair_fuses(dst_off, len, k_at, v_at) {
             self.try_kv_write(k, kc, dst_off, len)?;
             return self.try_kv_write(v, vc, dst_off, len);
         }

@@ -3,24 +3,31 @@
 //! [`crate::Model`] with it gives the launches of the model's real op sequence (`cargo xtask
 //! traffic` runs one 27B decode token through it), so the count follows `model/layers.rs`.
 //!
-//! The matrix products and the fused ops are counted with the backend's own dispatch
-//! predicates ([`super::weight::matmul_launches`], [`super::fused::norm_fuses`],
-//! [`super::fused::swiglu_fuses`]), so a change of those plans changes the count. The other ops
-//! are one launch each except where noted at the op; an op the CUDA backend overrides must be
-//! overridden here too (a trait default here counts its composed ops).
+//! The matrix products and every fused op are counted with the backend's own dispatch
+//! predicates, the functions its dispatch calls ([`super::weight::matmul_launches`],
+//! [`super::fused::norm_plan_of`], [`super::fused::swiglu_fuses_of`],
+//! [`super::norms::rms_norm_hadamard_fuses`], [`super::norms::swiglu_hadamard_fuses`],
+//! [`super::mixer::qk_fused`], [`super::mixer::gate_rotation`],
+//! [`super::mixer::gated_norm_rotation`], [`super::attention::attn_gate_fuses`],
+//! [`super::kv::kv_pair_fuses`], `attn_tiled`, `gdn_chunked`), so a change of those plans
+//! changes the count and nothing here copies a shape condition. The other ops are one launch
+//! each except where noted at the op; an op the CUDA backend overrides must be overridden here
+//! too (a trait default here counts its composed ops).
 
-use super::fused::{norm_fuses, swiglu_fuses};
-use super::mixer::qk_shape;
+use super::attention::attn_gate_fuses;
+use super::fused::{norm_plan_of, swiglu_fuses_of, Described, NormPlan};
+use super::kv::kv_pair_fuses;
+use super::mixer::{gate_rotation, gated_norm_rotation, qk_fused};
+use super::norms::{rms_norm_hadamard_fuses, swiglu_hadamard_fuses};
 use super::weight::{device_type, matmul_launches, MatDesc};
-use super::{attn_tiled, gdn_chunked, HEAD_DIM};
+use super::{attn_tiled, gdn_chunked};
 use crate::backend::mixer_ops;
-use crate::fused::{norm_hadamard_matmul_default, swiglu_hadamard_matmul_default};
-use crate::{AttnGateRot, GatedNormShape, NormRows, QkNormRope, RotatedOut};
+use crate::fused::{norm_matmul_default, swiglu_hadamard_matmul_default};
+use crate::{AttnGateRot, GatedNormShape, QkNormRope, RotatedOut};
 use crate::{
-    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormIn, NormRot,
-    RopeLayout, SwigluRot, WeightSource,
+    AttnLayout, Backend, ConvShape, GateLayout, GdnArgs, KvCacheType, ModelError, NormDest, NormIn,
+    NormRot, RopeLayout, SwigluRot, WeightSource,
 };
-use pn_kernels::{GateRotation, GatedNormRotation, Gpu};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -39,11 +46,24 @@ impl CountBuf {
     }
 }
 
+/// A KV cache of the counter: its length in values and its storage type.
+#[derive(Debug)]
+pub struct CountKv {
+    len: usize,
+    ty: KvCacheType,
+}
+
 /// A matrix of the counter: its launch-plan shape, name and rotation.
 #[derive(Debug)]
 pub struct CountWeight {
     desc: MatDesc,
     rotated: bool,
+}
+
+impl Described for CountWeight {
+    fn mat_desc(&self) -> MatDesc {
+        self.desc
+    }
 }
 
 /// Counts launches per op name. See the module docs.
@@ -93,7 +113,7 @@ fn descs(outs: &[(&CountWeight, &mut CountBuf)]) -> Vec<MatDesc> {
 impl Backend for LaunchCounter {
     type Buf = CountBuf;
     type Weight = CountWeight;
-    type KvBuf = CountBuf;
+    type KvBuf = CountKv;
 
     fn name(&self) -> String {
         "launch counter (the CUDA backend's launches)".into()
@@ -146,14 +166,14 @@ impl Backend for LaunchCounter {
         Ok(())
     }
 
-    fn alloc_kv(&self, len: usize, _: KvCacheType) -> Result<CountBuf, ModelError> {
-        Ok(CountBuf(len))
+    fn alloc_kv(&self, len: usize, ty: KvCacheType) -> Result<CountKv, ModelError> {
+        Ok(CountKv { len, ty })
     }
 
     fn kv_write(
         &self,
         _: &CountBuf,
-        _: &mut CountBuf,
+        _: &mut CountKv,
         _: usize,
         _: usize,
     ) -> Result<(), ModelError> {
@@ -254,8 +274,8 @@ impl Backend for LaunchCounter {
     fn attention(
         &self,
         _: &CountBuf,
-        _: &CountBuf,
-        _: &CountBuf,
+        _: &CountKv,
+        _: &CountKv,
         _: &mut CountBuf,
         _: &AttnLayout,
         positions: std::ops::Range<usize>,
@@ -320,8 +340,7 @@ impl Backend for LaunchCounter {
         _: f32,
         block: usize,
     ) -> Result<(), ModelError> {
-        let fused = pn_kernels::Gpu::rotation_fits(n, block)
-            && n <= pn_kernels::Gpu::RMS_NORM_HADAMARD_MAX_N;
+        let fused = rms_norm_hadamard_fuses(n, block);
         self.add("rms_norm_hadamard", if fused { 1 } else { 2 });
         Ok(())
     }
@@ -335,24 +354,32 @@ impl Backend for LaunchCounter {
         block: usize,
     ) -> Result<(), ModelError> {
         // The fused kernel, or copy + SwiGLU (2) + rotation.
-        let fused = pn_kernels::Gpu::rotation_fits(len, block);
+        let fused = swiglu_hadamard_fuses(len, block);
         self.add("swiglu_hadamard", if fused { 1 } else { 4 });
         Ok(())
     }
 
-    fn norm_hadamard_matmul(
+    fn norm_matmul(
         &self,
         x: NormIn<'_, CountBuf>,
         norm: &NormRot<'_, CountBuf>,
-        rot: &mut CountBuf,
-        outs: &mut [(&CountWeight, &mut CountBuf)],
+        rot: Option<NormDest<'_, '_, CountBuf, CountWeight>>,
+        plain: Option<NormDest<'_, '_, CountBuf, CountWeight>>,
     ) -> Result<(), ModelError> {
-        let d = descs(outs);
-        if !norm_fuses(norm.rows, norm.n, norm.block, &d) {
-            return norm_hadamard_matmul_default(self, x, norm, rot, outs);
+        // `CudaBackend::fused_norm_matmul`: the plan's one launch, then the matrices (the
+        // rotated ones reading the fp16 copy it wrote).
+        let op = match norm_plan_of(&x, norm, rot.as_ref(), plain.is_some()) {
+            NormPlan::Unfused => return norm_matmul_default(self, x, norm, rot, plain),
+            NormPlan::Prepared => "add_rms_norm_hadamard_prep",
+            NormPlan::AddPlain => "add_rms_norm",
+        };
+        self.add(op, 1);
+        if let Some(r) = rot {
+            self.add("matmul", matmul_launches(norm.rows, &descs(r.outs), true));
         }
-        self.add("add_rms_norm_hadamard_prep", 1);
-        self.add("matmul", matmul_launches(norm.rows, &d, true));
+        if let Some(p) = plain {
+            self.matmul(p.buf, norm.rows, p.outs)?;
+        }
         Ok(())
     }
 
@@ -362,12 +389,11 @@ impl Backend for LaunchCounter {
         out: &mut CountBuf,
         outs: &mut [(&CountWeight, &mut CountBuf)],
     ) -> Result<(), ModelError> {
-        let d = descs(outs);
-        if !swiglu_fuses(s.rows, s.n, s.block, &d) {
+        if !swiglu_fuses_of(s, outs) {
             return swiglu_hadamard_matmul_default(self, s, out, outs);
         }
         self.add("swiglu_hadamard_prep", 1);
-        self.add("matmul", matmul_launches(s.rows, &d, true));
+        self.add("matmul", matmul_launches(s.rows, &descs(outs), true));
         Ok(())
     }
 
@@ -377,7 +403,7 @@ impl Backend for LaunchCounter {
         if a.n_tokens == 0 {
             return Ok(());
         }
-        if qk_shape(&a).is_some_and(|s| s.refusal().is_none()) {
+        if qk_fused(&a).is_some() {
             self.add("qk_norm_rope", 1);
             return Ok(());
         }
@@ -387,14 +413,12 @@ impl Backend for LaunchCounter {
     fn kv_write_pair(
         &self,
         _: (&CountBuf, &CountBuf),
-        (kc, vc): (&mut CountBuf, &mut CountBuf),
+        (kc, vc): (&mut CountKv, &mut CountKv),
         dst_off: usize,
         len: usize,
     ) -> Result<(), ModelError> {
-        // `try_kv_write_pair`: one launch for whole rows that fit both caches, else two.
-        let head = HEAD_DIM;
-        let fits = |c: &CountBuf| dst_off.checked_add(len).is_some_and(|e| e <= c.len());
-        let one = dst_off.is_multiple_of(head) && len.is_multiple_of(head) && fits(kc) && fits(vc);
+        // `try_kv_write_pair`: one launch, or the two writes.
+        let one = kv_pair_fuses(dst_off, len, (kc.len, kc.ty), (vc.len, vc.ty));
         if len > 0 {
             self.add("kv_write", if one { 1 } else { 2 });
         }
@@ -423,11 +447,9 @@ impl Backend for LaunchCounter {
         o: RotatedOut<'_, CountBuf>,
     ) -> Result<(), ModelError> {
         // `try_attention_gate_hadamard`: the split-K partials, then the combine fused with the
-        // gate and the rotation, for decode lengths whose gate rows are the attention's.
+        // gate and the rotation.
         let n = a.positions.len();
-        let gr = gate_rotation(&a.g, n, o.block);
-        let contiguous = a.g.n_heads == a.layout.n_q_heads && a.g.head_dim == HEAD_DIM;
-        if n > 0 && !attn_tiled(n) && gr.refusal().is_none() && contiguous {
+        if attn_gate_fuses(a.layout, n, &gate_rotation(&a.g, n, o.block)) {
             self.add("attention", 2);
             return Ok(());
         }
@@ -443,13 +465,7 @@ impl Backend for LaunchCounter {
         if sh.len == 0 {
             return Ok(());
         }
-        let s = GatedNormRotation {
-            len: sh.len,
-            n: sh.n,
-            eps: sh.eps,
-            block: sh.block,
-        };
-        if s.refusal().is_none() && Gpu::rotation_fits(sh.len, sh.block) {
+        if gated_norm_rotation(&sh).is_some() {
             self.add("gated_rms_norm_hadamard", 1);
             return Ok(());
         }
@@ -488,31 +504,5 @@ impl Backend for LaunchCounter {
         }
         self.add("matmul", matmul_launches(rows, &d, true));
         Ok(())
-    }
-
-    fn rms_norm_hadamard_dual(
-        &self,
-        _: (&CountBuf, &CountBuf),
-        _: (&mut CountBuf, &mut CountBuf),
-        s: NormRows,
-    ) -> Result<(), ModelError> {
-        if s.rows > 0 {
-            let fused = Gpu::rotation_fits(s.n, s.block) && s.n <= Gpu::RMS_NORM_HADAMARD_MAX_N;
-            self.add("rms_norm_hadamard_dual", if fused { 1 } else { 2 });
-        }
-        Ok(())
-    }
-}
-
-/// The kernel shape of a gated rotation of `n_tokens` rows laid out as `g` (as the CUDA
-/// backend's `fused_sigmoid_gate_hadamard` builds it).
-fn gate_rotation(g: &GateLayout, n_tokens: usize, block: usize) -> GateRotation {
-    GateRotation {
-        len: n_tokens * g.n_heads * g.head_dim,
-        n_heads: g.n_heads,
-        head_dim: g.head_dim,
-        gate_tok_stride: g.token_stride,
-        gate_head_stride: g.head_stride,
-        block,
     }
 }

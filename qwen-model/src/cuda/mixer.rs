@@ -4,10 +4,8 @@
 
 use super::{view, view_mut, CudaBackend, CudaBuf, CudaError};
 use crate::backend::mixer_ops;
-use crate::{
-    AttnGateRot, GateLayout, GatedNormShape, ModelError, NormRows, QkNormRope, RotatedOut,
-};
-use pn_kernels::{GateRotation, GatedNormRotation, Gpu, NormShape, QkNormRopeShape};
+use crate::{AttnGateRot, GateLayout, GatedNormShape, ModelError, QkNormRope, RotatedOut};
+use pn_kernels::{GateRotation, GatedNormRotation, Gpu, QkNormRopeShape};
 
 /// The kernel's shape of a [`QkNormRope`] call (its layouts' token strides must be whole
 /// heads, as the default's strided norms need too).
@@ -30,6 +28,31 @@ pub(super) fn qk_shape<T>(a: &QkNormRope<'_, T>) -> Option<QkNormRopeShape> {
     })
 }
 
+/// [`qk_shape`] where the fused kernel takes it (else the default's ops run).
+pub(crate) fn qk_fused<T>(a: &QkNormRope<'_, T>) -> Option<QkNormRopeShape> {
+    qk_shape(a).filter(|s| s.refusal().is_none())
+}
+
+/// The kernel shape of a gated rotation of `n_tokens` rows laid out as `g` in blocks of
+/// `block` (the sigmoid gate's, and the attention merge's).
+pub(crate) fn gate_rotation(g: &GateLayout, n_tokens: usize, block: usize) -> GateRotation {
+    GateRotation {
+        len: n_tokens * g.n_heads * g.head_dim,
+        n_heads: g.n_heads,
+        head_dim: g.head_dim,
+        gate_tok_stride: g.token_stride,
+        gate_head_stride: g.head_stride,
+        block,
+    }
+}
+
+/// The kernel shape of a gated RMSNorm + rotation where the fused kernel takes it (else the
+/// default's ops run).
+pub(crate) fn gated_norm_rotation(sh: &GatedNormShape) -> Option<GatedNormRotation> {
+    let s = super::mixer_proj::gated_rotation(sh);
+    (s.refusal().is_none() && Gpu::rotation_fits(sh.len, sh.block)).then_some(s)
+}
+
 impl CudaBackend {
     /// [`crate::Backend::qk_norm_rope`]: `qk_norm_rope_f32`, one launch.
     pub(super) fn fused_qk_norm_rope(&self, a: QkNormRope<'_, CudaBuf>) -> Result<(), ModelError> {
@@ -37,7 +60,7 @@ impl CudaBackend {
         if a.n_tokens == 0 {
             return Ok(());
         }
-        let Some(s) = qk_shape(&a).filter(|s| s.refusal().is_none()) else {
+        let Some(s) = qk_fused(&a) else {
             return mixer_ops::qk_norm_rope(self, a);
         };
         let mut run = || -> Result<(), CudaError> {
@@ -59,14 +82,7 @@ impl CudaBackend {
         o: RotatedOut<'_, CudaBuf>,
     ) -> Result<(), ModelError> {
         const OP: &str = "sigmoid_gate_hadamard";
-        let s = GateRotation {
-            len: n_tokens * g.n_heads * g.head_dim,
-            n_heads: g.n_heads,
-            head_dim: g.head_dim,
-            gate_tok_stride: g.token_stride,
-            gate_head_stride: g.head_stride,
-            block: o.block,
-        };
+        let s = gate_rotation(g, n_tokens, o.block);
         if n_tokens == 0 {
             return Ok(());
         }
@@ -91,18 +107,12 @@ impl CudaBackend {
         sh: GatedNormShape,
     ) -> Result<(), ModelError> {
         const OP: &str = "gated_rms_norm_hadamard";
-        let s = GatedNormRotation {
-            len: sh.len,
-            n: sh.n,
-            eps: sh.eps,
-            block: sh.block,
-        };
         if sh.len == 0 {
             return Ok(());
         }
-        if s.refusal().is_some() || !Gpu::rotation_fits(sh.len, sh.block) {
+        let Some(s) = gated_norm_rotation(&sh) else {
             return mixer_ops::gated_rms_norm_hadamard(self, (x, z, w), out, sh);
-        }
+        };
         let mut run = || -> Result<(), CudaError> {
             let xv = view(OP, x, 0, s.len)?;
             let zv = view(OP, z, 0, s.len)?;
@@ -111,39 +121,6 @@ impl CudaBackend {
             Ok(self
                 .gpu
                 .gated_rms_norm_hadamard(&s, (&xv, &zv, &wv), &mut ov)?)
-        };
-        Ok(run()?)
-    }
-
-    /// [`crate::Backend::rms_norm_hadamard_dual`]: `rms_norm_hadamard_dual_f32`, one launch,
-    /// or the two ops where the fused rotation refuses the shape.
-    pub(super) fn fused_rms_norm_hadamard_dual(
-        &self,
-        (x, w): (&CudaBuf, &CudaBuf),
-        (rot, plain): (&mut CudaBuf, &mut CudaBuf),
-        s: NormRows,
-    ) -> Result<(), ModelError> {
-        const OP: &str = "rms_norm_hadamard_dual";
-        let norm = NormShape { n: s.n, eps: s.eps };
-        if s.rows == 0 {
-            return Ok(());
-        }
-        if !Gpu::rotation_fits(s.n, s.block) || s.n > Gpu::RMS_NORM_HADAMARD_MAX_N {
-            self.try_rms_norm_hadamard((x, w), rot, s.rows, norm, s.block)?;
-            return Ok(self.try_rms_norm((x, w), plain, s.rows, norm)?);
-        }
-        let len = s.rows * s.n;
-        let mut run = || -> Result<(), CudaError> {
-            let (xv, wv) = (view(OP, x, 0, len)?, view(OP, w, 0, s.n)?);
-            let mut rv = view_mut(OP, rot, 0, len)?;
-            let mut pv = view_mut(OP, plain, 0, len)?;
-            Ok(self.gpu.rms_norm_hadamard_dual(
-                (&xv, &wv),
-                (&mut rv, &mut pv),
-                s.rows,
-                norm,
-                s.block,
-            )?)
         };
         Ok(run()?)
     }
@@ -157,14 +134,7 @@ impl CudaBackend {
         o: RotatedOut<'_, CudaBuf>,
     ) -> Result<(), ModelError> {
         let g = &a.g;
-        let gr = GateRotation {
-            len: a.positions.len() * g.n_heads * g.head_dim,
-            n_heads: g.n_heads,
-            head_dim: g.head_dim,
-            gate_tok_stride: g.token_stride,
-            gate_head_stride: g.head_stride,
-            block: o.block,
-        };
+        let gr = gate_rotation(g, a.positions.len(), o.block);
         let call = (a.q, a.k_cache, a.v_cache);
         let at = (a.layout, a.positions.clone());
         let done = self.try_attention_gate_hadamard(

@@ -4,12 +4,13 @@
 //! runs without a `pn_prepare_x` launch; elsewhere the trait default's two ops.
 
 use super::attention::attention_preps;
+use super::mixer::gate_rotation;
 use super::weight::MatDesc;
 use super::{lock, view, view_mut, CudaBackend, CudaBuf, CudaWeight, PN_H2_MAX_K, SYNC_WORDS};
 use crate::backend::mixer_proj;
 use crate::{GatedNormShape, MixerOut, ModelError, RotatedOut};
 use pn_kernels::launch::PN_BATCH_MAX_T;
-use pn_kernels::{GateRotation, GatedNormRotation, Gpu, PreparedOut, RowPrepOut};
+use pn_kernels::{GatedNormRotation, PreparedOut, RowPrepOut};
 
 /// The kernel shape of a [`GatedNormShape`].
 pub(crate) fn gated_rotation(sh: &GatedNormShape) -> GatedNormRotation {
@@ -23,7 +24,7 @@ pub(crate) fn gated_rotation(sh: &GatedNormShape) -> GatedNormRotation {
 
 /// Whether the fused gated norm + rotation (`fused_gated_rms_norm_hadamard`) takes `sh`.
 pub(crate) fn gated_norm_fuses(sh: &GatedNormShape) -> bool {
-    sh.len > 0 && gated_rotation(sh).refusal().is_none() && Gpu::rotation_fits(sh.len, sh.block)
+    sh.len > 0 && super::mixer::gated_norm_rotation(sh).is_some()
 }
 
 /// Whether `mats` at `rows` rows of `row_len` read the prepared fp16 input a mixer kernel can
@@ -59,18 +60,6 @@ pub(crate) fn mixer_out_preps<B: crate::Backend + ?Sized>(
                 && attention_preps(n, a.layout.n_q_heads, &gr)
                 && reads_mixer_prep(rows, row_len, mats)
         }
-    }
-}
-
-/// The kernel shape of the gate and rotation of `n_tokens` rows laid out as `g`.
-pub(crate) fn gate_rotation(g: &crate::GateLayout, n_tokens: usize, block: usize) -> GateRotation {
-    GateRotation {
-        len: n_tokens * g.n_heads * g.head_dim,
-        n_heads: g.n_heads,
-        head_dim: g.head_dim,
-        gate_tok_stride: g.token_stride,
-        gate_head_stride: g.head_stride,
-        block,
     }
 }
 

@@ -6,6 +6,18 @@ use super::{view, view_mut, CudaBackend, CudaBuf, CudaError};
 use crate::RopeLayout;
 use pn_kernels::{Gpu, NormShape, RowLayout, RowStrides};
 
+/// Whether [`CudaBackend::try_rms_norm_hadamard`] takes the fused kernel for rows of `n` in
+/// rotation blocks of `block` (else RMSNorm then the rotation). The launch counter asks too.
+pub(crate) fn rms_norm_hadamard_fuses(n: usize, block: usize) -> bool {
+    Gpu::rotation_fits(n, block) && n <= Gpu::RMS_NORM_HADAMARD_MAX_N
+}
+
+/// Whether [`CudaBackend::try_swiglu_hadamard`] takes the fused kernel for `len` values in
+/// rotation blocks of `block` (else copy, SwiGLU and the rotation).
+pub(crate) fn swiglu_hadamard_fuses(len: usize, block: usize) -> bool {
+    Gpu::rotation_fits(len, block)
+}
+
 impl CudaBackend {
     /// [`crate::Backend::hadamard`]: rotation in place of `x[0..len)` in blocks of `block`.
     pub(super) fn try_hadamard(
@@ -124,7 +136,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        if !Gpu::rotation_fits(n, block) || n > Gpu::RMS_NORM_HADAMARD_MAX_N {
+        if !rms_norm_hadamard_fuses(n, block) {
             // The two ops, which report a refused block themselves.
             self.try_rms_norm((x, w), out, rows, norm)?;
             return self.try_hadamard(out, rows * n, block);
@@ -151,7 +163,7 @@ impl CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        if !Gpu::rotation_fits(len, block) {
+        if !swiglu_hadamard_fuses(len, block) {
             self.try_copy(gate, 0, out, 0, len)?;
             self.try_swiglu(out, up, len)?;
             return self.try_hadamard(out, len, block);

@@ -174,17 +174,22 @@ impl<B: Backend> Model<B> {
             }
         }
         self.save_residuals(0, segs, &ws.resid)?;
+        // Each block leaves its FFN output's residual add to the next norm (`Model::block`),
+        // unless the residual stream is read after every layer.
+        let save = segs.iter().any(|s| s.out.layer_residuals.is_some());
+        let mut pending = false;
         for (l, lw) in self.weights.layers.iter().enumerate() {
-            self.block(
-                lw,
-                &mut TrunkLayer {
-                    segs: &mut *segs,
-                    l,
-                },
-                ws,
-                rows,
-            )?;
-            self.save_residuals(l + 1, segs, &ws.resid)?;
+            let mut layer = TrunkLayer {
+                segs: &mut *segs,
+                l,
+            };
+            self.block(lw, &mut layer, ws, (rows, pending))?;
+            pending = true;
+            if save {
+                be.add(&mut ws.resid, &ws.mixer_out, rows * d)?;
+                pending = false;
+                self.save_residuals(l + 1, segs, &ws.resid)?;
+            }
         }
         for s in segs.iter_mut() {
             s.state.pos += s.tokens.len();
@@ -193,7 +198,7 @@ impl<B: Backend> Model<B> {
             norm: &self.weights.output_norm,
             matrix: self.weights.lm_head(),
         };
-        self.emit(ws, &head, segs)
+        self.emit(ws, &head, segs, pending)
     }
 
     /// Downloads the residual rows of the sequences that ask for them (`layer_residuals`):

@@ -8,7 +8,7 @@ use crate::backend::{
     GdnTrace, MixerOut, QkNormRope, RopeLayout, RotatedOut,
 };
 use crate::error::ModelError;
-use crate::fused::{NormIn, NormRot, SwigluRot};
+use crate::fused::{NormDest, NormIn, NormRot, SwigluRot};
 use crate::state::{GdnState, LayerState};
 use crate::weights::{AttnWeights, GdnWeights, LayerWeights, Matrix, Mixer};
 
@@ -90,26 +90,13 @@ impl<B: Backend> Model<B> {
         self.config.rotation.map_or(0, |r| r.block_size)
     }
 
-    /// [`project`] of the RMSNorm of `x` (rows of the hidden size, weight `norm`), with the
-    /// rotated input of the rotated matrices produced by the fused
-    /// [`Backend::norm_hadamard_matmul`] straight from `x` into `rot` (instead of a copy of the
-    /// norm output rotated in place). The unrotated norm goes to `normed` only when an
-    /// unrotated matrix reads it.
+    /// [`project`] of the RMSNorm of `x` (rows of the hidden size, weight `norm`; after the
+    /// residual add `x += add` for [`NormIn::AddFirst`]) in one [`Backend::norm_matmul`]: the
+    /// rotated matrices read the rotated norm, produced straight from `x` into `rot` (instead of
+    /// a copy of the norm output rotated in place), the unrotated ones the plain norm in
+    /// `normed` (GDN: PN qkv/gate and the Q8_0 beta/alpha; a backend writes both forms in one
+    /// kernel). `normed` is written only when an unrotated matrix reads it.
     pub(crate) fn norm_project<const N: usize>(
-        &self,
-        x: &B::Buf,
-        norm: &B::Buf,
-        normed: &mut B::Buf,
-        rot: &mut B::Buf,
-        rows: usize,
-        outs: [(&Matrix<B>, &mut B::Buf); N],
-    ) -> Result<(), ModelError> {
-        self.norm_project_in(NormIn::Plain(x), norm, normed, rot, rows, outs)
-    }
-
-    /// [`Model::norm_project`] of `x`, or of the residual `x += add` ([`NormIn::AddFirst`]:
-    /// the add fused into the norm where the backend can).
-    pub(crate) fn norm_project_in<const N: usize>(
         &self,
         x: NormIn<'_, B::Buf>,
         norm: &B::Buf,
@@ -118,37 +105,16 @@ impl<B: Backend> Model<B> {
         rows: usize,
         outs: [(&Matrix<B>, &mut B::Buf); N],
     ) -> Result<(), ModelError> {
-        let (be, n, eps, block) = (
-            &self.backend,
-            self.config.hidden,
-            self.config.rms_eps,
-            self.rot_block(),
-        );
-        let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
-        if n_rot == 0 {
-            let x: &B::Buf = match x {
-                NormIn::Plain(x) => x,
-                NormIn::AddFirst { x, add } => {
-                    be.add(x, add, rows * n)?;
-                    x
-                }
-            };
-            be.rms_norm(x, norm, normed, rows, n, eps)?;
-            let mut o = outs.map(|(m, b)| (&m.w, b));
-            return be.matmul(normed, rows, &mut o);
-        }
         let nr = NormRot {
             w: norm,
             rows,
-            n,
-            eps,
-            block,
+            n: self.config.hidden,
+            eps: self.config.rms_eps,
+            block: self.rot_block(),
         };
-        // The rotated matrices first, in their order (an in-place sort of the array: no
-        // allocation), all of them in one call on the rotated input (a backend runs them in one
-        // launch where it can); then (GDN: PN qkv/gate, unquantized beta/alpha) the norm again
-        // from the updated `x` for the unrotated ones, which costs less than norm, copy and
-        // rotation, and gives the same bits.
+        let n_rot = outs.iter().filter(|(m, _)| m.rotated).count();
+        // The rotated matrices first, each group in its order (an in-place sort of the array: no
+        // allocation); the backend runs each group in one launch where it can.
         let mut i = 0;
         let mut o = outs.map(|(m, b)| {
             i += 1;
@@ -157,44 +123,47 @@ impl<B: Backend> Model<B> {
         o.sort_unstable_by_key(|t| t.0);
         let mut o = o.map(|(_, w, b)| (w, b));
         let (rotated, plain) = o.split_at_mut(n_rot);
-        let x = match x {
-            NormIn::Plain(x) => {
-                be.norm_hadamard_matmul(NormIn::Plain(x), &nr, rot, rotated)?;
-                x
-            }
-            NormIn::AddFirst { x, add } => {
-                be.norm_hadamard_matmul(NormIn::AddFirst { x, add }, &nr, rot, rotated)?;
-                x
-            }
-        };
-        if !plain.is_empty() {
-            be.rms_norm(x, norm, normed, rows, n, eps)?;
-            be.matmul(normed, rows, plain)?;
-        }
-        Ok(())
+        let rot = (!rotated.is_empty()).then_some(NormDest {
+            buf: rot,
+            outs: rotated,
+        });
+        let plain = (!plain.is_empty()).then_some(NormDest {
+            buf: normed,
+            outs: plain,
+        });
+        self.backend.norm_matmul(x, &nr, rot, plain)
     }
 
     /// One decoder block on the first `rows` rows of `ws.resid`, the rows of the sequences
     /// `segs` side by side (each its own layer state, positions and rows; a GDN layer records
     /// its states into a sequence's trace when it has one). Every matrix sees all `rows` rows
     /// at once; the ops that read a sequence's own state run per sequence.
+    ///
+    /// The residual adds of the FFN outputs are left pending: with `pending`, `ws.mixer_out`
+    /// holds the previous block's FFN output, added to `ws.resid` by this block's first norm
+    /// (one fused op); this block leaves its own FFN output in `ws.mixer_out`, for the next
+    /// block's norm, the final norm ([`Model::emit`]) or an explicit [`Backend::add`].
     pub(crate) fn block(
         &self,
         lw: &LayerWeights<B>,
         segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
-        rows: usize,
+        (rows, pending): (usize, bool),
     ) -> Result<(), ModelError> {
         let (be, c) = (&self.backend, &self.config);
-        let (d, blk) = (c.hidden, self.rot_block());
+        let blk = self.rot_block();
         if segs.count() > 1 {
             ws.ensure_seg(be)?;
         }
-        // The mixers start with their input projections of the attention norm of the residual.
-        let norm = &lw.attn_norm;
+        // The mixers start with their input projections of the attention norm of the residual
+        // (the pending add fused into it).
+        let input = MixerIn {
+            norm: &lw.attn_norm,
+            pending,
+        };
         match &lw.mixer {
-            Mixer::Attention(aw) => self.attention(aw, norm, segs, ws, rows)?,
-            Mixer::DeltaNet(gw) => self.deltanet(gw, norm, segs, ws, rows)?,
+            Mixer::Attention(aw) => self.attention(aw, input, segs, ws, rows)?,
+            Mixer::DeltaNet(gw) => self.deltanet(gw, input, segs, ws, rows)?,
         }
         let f = &lw.ffn;
         // The residual add of the mixer output goes into the FFN's norm.
@@ -202,7 +171,7 @@ impl<B: Backend> Model<B> {
             x: &mut ws.resid,
             add: &ws.mixer_out,
         };
-        self.norm_project_in(
+        self.norm_project(
             resid,
             &lw.post_norm,
             &mut ws.normed,
@@ -231,17 +200,18 @@ impl<B: Backend> Model<B> {
                 [(&f.down, &mut ws.mixer_out)],
             )?;
         }
-        be.add(&mut ws.resid, &ws.mixer_out, rows * d)?;
+        // `ws.mixer_out` now holds the FFN output: its residual add is the caller's (pending).
         Ok(())
     }
 
-    /// Gated full attention of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows,
-    /// each sequence of `segs` appending its K/V at its own cache row `step.cache_pos0` and
-    /// attending over its own cache.
+    /// Gated full attention of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows
+    /// (`ws.resid` first takes the pending add, see [`MixerIn`]), each sequence of `segs`
+    /// appending its K/V at its own cache row `step.cache_pos0` and attending over its own
+    /// cache.
     fn attention(
         &self,
         aw: &AttnWeights<B>,
-        norm: &B::Buf,
+        input: MixerIn<'_, B>,
         segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
         rows: usize,
@@ -250,8 +220,8 @@ impl<B: Backend> Model<B> {
         let (dh, blk) = (c.head_dim, self.rot_block());
         let (hq, kv, qd, ad) = (c.n_q_heads, c.kv_dim(), c.q_proj_dim(), c.attn_out_dim());
         self.norm_project(
-            &ws.resid,
-            norm,
+            input.resid(&mut ws.resid, &ws.mixer_out),
+            input.norm,
             &mut ws.normed,
             &mut ws.rotated,
             rows,
@@ -403,12 +373,13 @@ impl<B: Backend> Model<B> {
         be.mixer_out_matmul(MixerOut::Attention(a), o, rows, &mut [r.proj])
     }
 
-    /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows, each
-    /// sequence of `segs` updating its own conv and recurrent state.
+    /// Gated DeltaNet of `rms_norm(ws.resid) * norm` -> `ws.mixer_out` over `rows` rows
+    /// (`ws.resid` first takes the pending add, see [`MixerIn`]), each sequence of `segs`
+    /// updating its own conv and recurrent state.
     fn deltanet(
         &self,
         gw: &GdnWeights<B>,
-        norm: &B::Buf,
+        input: MixerIn<'_, B>,
         segs: &mut impl BlockRows<B>,
         ws: &mut Workspace<B>,
         rows: usize,
@@ -418,8 +389,8 @@ impl<B: Backend> Model<B> {
         let blk = self.rot_block();
         let (cd, hv, vd) = (g.conv_dim(), g.n_v_heads, g.value_dim());
         self.norm_project(
-            &ws.resid,
-            norm,
+            input.resid(&mut ws.resid, &ws.mixer_out),
+            input.norm,
             &mut ws.normed,
             &mut ws.rotated,
             rows,
@@ -571,6 +542,27 @@ impl<B: Backend> Model<B> {
                     },
                 )
             }
+        }
+    }
+}
+
+/// The input of a block's mixer: its norm weight `[D]`, and whether the residual rows still
+/// take the previous block's FFN output (held in `ws.mixer_out`) before the norm.
+pub(crate) struct MixerIn<'a, B: Backend> {
+    /// The mixer's input RMSNorm weight `[D]`.
+    pub(crate) norm: &'a B::Buf,
+    /// Whether `resid += mixer_out` is still to be done (fused into the norm).
+    pub(crate) pending: bool,
+}
+
+impl<B: Backend> MixerIn<'_, B> {
+    /// The norm's input: the residual rows `resid`, after `resid += add` when the add is
+    /// pending.
+    pub(crate) fn resid<'x>(&self, resid: &'x mut B::Buf, add: &'x B::Buf) -> NormIn<'x, B::Buf> {
+        if self.pending {
+            NormIn::AddFirst { x: resid, add }
+        } else {
+            NormIn::Plain(resid)
         }
     }
 }

@@ -18,6 +18,7 @@ pub use workspace::Workspace;
 use crate::backend::{Backend, KvCacheType, Requirements};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::fused::{NormDest, NormIn, NormRot};
 use crate::state::{State, StateTrace};
 use crate::weights::{Matrix, Weights};
 use batch::Seg;
@@ -286,12 +287,15 @@ impl<B: Backend> Model<B> {
     /// After the last block of a pass over the sequences `segs`: for each whose `out` wants
     /// outputs of these rows (every row, or the last of its call), the final norm and LM head
     /// over all the rows wanted at once (one pass over the head's weights), downloaded into
-    /// each sequence's `out`.
+    /// each sequence's `out`. With `pending`, the last block's FFN output (`ws.mixer_out`) is
+    /// still to be added to `ws.resid`: the final norm does it (one fused op) where it reads
+    /// the residual rows in place. The residual rows are not read after the pass.
     fn emit(
         &self,
         ws: &mut Workspace<B>,
         head: &Head<'_, B>,
         segs: &mut [Seg<'_, '_, B>],
+        pending: bool,
     ) -> Result<(), ModelError> {
         let (be, d, v, eps) = (
             &self.backend,
@@ -323,6 +327,14 @@ impl<B: Backend> Model<B> {
         }
         let direct = picks == 1 && first_src == 0;
         if !direct {
+            if pending {
+                // The rows are gathered from the residual: its add first.
+                be.add(
+                    &mut ws.resid,
+                    &ws.mixer_out,
+                    batch::row0(segs, segs.len()) * d,
+                )?;
+            }
             let mut at = 0;
             for with_logits in [true, false] {
                 for i in 0..segs.len() {
@@ -336,7 +348,15 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
-        let src = if direct { &ws.resid } else { &ws.embed_rows };
+        // The norm's input: the residual rows in place (taking the pending add) or gathered.
+        let src = match (direct, pending) {
+            (true, true) => NormIn::AddFirst {
+                x: &mut ws.resid,
+                add: &ws.mixer_out,
+            },
+            (true, false) => NormIn::Plain(&ws.resid),
+            (false, _) => NormIn::Plain(&ws.embed_rows),
+        };
         if logits && !hidden {
             // Nobody reads `final_normed`: the norm and the head's input rotation may fuse.
             self.norm_project(
@@ -348,7 +368,18 @@ impl<B: Backend> Model<B> {
                 [(head.matrix, &mut ws.logits)],
             )?;
         } else {
-            be.rms_norm(src, head.norm, &mut ws.final_normed, n, d, eps)?;
+            let nr = NormRot {
+                w: head.norm,
+                rows: n,
+                n: d,
+                eps,
+                block: self.rot_block(),
+            };
+            let normed = NormDest {
+                buf: &mut ws.final_normed,
+                outs: &mut [],
+            };
+            be.norm_matmul(src, &nr, None, Some(normed))?;
             if logits {
                 project(
                     be,

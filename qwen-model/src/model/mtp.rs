@@ -200,7 +200,9 @@ impl<B: Backend> Model<B> {
             rows,
             [(&mtp.eh_proj, &mut ws.resid)],
         )?;
-        self.block(&mtp.block, &mut MtpRows { parts: &mut *parts }, ws, rows)?;
+        // The block's FFN output is added to the residual by the head's norm (`emit`).
+        let mut block_rows = MtpRows { parts: &mut *parts };
+        self.block(&mtp.block, &mut block_rows, ws, (rows, false))?;
         for p in parts.iter_mut() {
             p.state.mtp_len += p.tokens.len();
         }
@@ -214,7 +216,7 @@ impl<B: Backend> Model<B> {
                 n_tok: p.n_tok,
                 trace: None,
             }];
-            return self.emit(ws, &head, &mut one);
+            return self.emit(ws, &head, &mut one, true);
         }
         let mut emit: Vec<Seg<'_, '_, B>> = parts
             .iter_mut()
@@ -227,7 +229,7 @@ impl<B: Backend> Model<B> {
                 trace: None,
             })
             .collect();
-        self.emit(ws, &head, &mut emit)
+        self.emit(ws, &head, &mut emit, true)
     }
 }
 
