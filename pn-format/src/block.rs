@@ -112,17 +112,41 @@ impl<'a> BlockRef<'a> {
 /// word byte by byte and branches per block). [`crate::validate_row`] uses it first and walks
 /// the blocks only when it fails.
 pub fn all_valid(ty: PnType, src: &[u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::Isa::detect() >= crate::Isa::Avx512 {
+        // SAFETY: AVX-512F/BW detected (and not capped away by `PN_ISA`).
+        let (ok, done) =
+            unsafe { crate::block_x86::all_valid_periods(src, ty.reserved_mask() != 0) };
+        return ok && all_valid_scalar(ty, &src[done..]);
+    }
+    all_valid_scalar(ty, src)
+}
+
+/// [`all_valid`] without SIMD.
+pub fn all_valid_scalar(ty: PnType, src: &[u8]) -> bool {
+    // A type without reserved bits (pn4t) needs only the scale test: one load per block
+    // instead of five.
+    if ty.reserved_mask() == 0 {
+        return all_valid_with::<false>(src, 0);
+    }
     let mask = u64::from(ty.reserved_mask());
     // Two code words per u64 (the words at bytes 2 + 8k and 6 + 8k, little-endian).
-    let mask = mask | (mask << 32);
+    all_valid_with::<true>(src, mask | (mask << 32))
+}
+
+/// [`all_valid`] with the reserved-bit test of the code words (`mask`) only when `CODES`.
+#[inline(always)]
+fn all_valid_with<const CODES: bool>(src: &[u8], mask: u64) -> bool {
     let mut bad = 0u64;
     for b in src.chunks_exact(BLOCK_BYTES) {
         let scale = u16::from_le_bytes([b[0], b[1]]);
         bad |= u64::from(scale & 0x7c00 == 0x7c00);
-        for k in 0..WORDS_PER_BLOCK / 2 {
-            let o = 2 + 8 * k;
-            let w = u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-            bad |= w & mask;
+        if CODES {
+            for k in 0..WORDS_PER_BLOCK / 2 {
+                let o = 2 + 8 * k;
+                let w = u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+                bad |= w & mask;
+            }
         }
     }
     bad == 0

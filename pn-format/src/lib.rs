@@ -30,6 +30,8 @@
 #![warn(missing_docs)]
 
 pub mod block;
+#[cfg(target_arch = "x86_64")]
+mod block_x86;
 mod decode;
 pub mod dot;
 mod error;

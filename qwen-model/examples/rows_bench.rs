@@ -5,7 +5,9 @@
 //! shuffled order, logits for every row (as verification needs); the minimum and median wall
 //! time per M are printed as ratios to M = 1 measured in the same run, so tenants that load the
 //! machine slow every M alike. With THREADS = 1 it also prints the ratios of the thread's CPU
-//! time (`CLOCK_THREAD_CPUTIME_ID`, Linux), which time-slicing by other tenants leaves alone.
+//! time (`CLOCK_THREAD_CPUTIME_ID`, Linux), which time-slicing by other tenants leaves alone;
+//! with more threads, the ratios of the process's CPU time (every thread). `ROWS_BENCH_M=1,3`
+//! runs only those M (1 always), for a shorter run on a large model.
 
 use qwen_model::{Backend, CpuBackend, Model, Outputs};
 use std::time::Instant;
@@ -35,11 +37,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Outputs::last_logits(&mut logits[..v]),
     )?;
     let snap = state.snapshot(&model.config, &model.backend)?;
+    let single_thread = model.backend.n_threads() == 1;
+    let only: Option<Vec<usize>> = std::env::var("ROWS_BENCH_M")
+        .ok()
+        .map(|s| s.split(',').filter_map(|m| m.trim().parse().ok()).collect());
+    let wanted = |m: usize| m == 1 || only.as_ref().is_none_or(|o| o.contains(&m));
     let mut times = vec![Vec::new(); MAX_M + 1];
     let mut cpu = vec![Vec::new(); MAX_M + 1];
     let mut seed = 0x9e37_79b9_u64;
     for rep in 0..reps + 1 {
-        let mut order: Vec<usize> = (1..=MAX_M).collect();
+        let mut order: Vec<usize> = (1..=MAX_M).filter(|&m| wanted(m)).collect();
         for i in (1..order.len()).rev() {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -50,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             state.restore(&model.config, &model.backend, &snap).unwrap();
             let toks: Vec<u32> = (0..m as u32).map(|i| (i * 101 + 7) % v as u32).collect();
             let t = Instant::now();
-            let c = thread_cpu_ns();
+            let c = cpu_ns(single_thread);
             model.forward(
                 &mut state,
                 &mut ws,
@@ -60,14 +67,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // The first repetition warms caches and is not counted.
             if rep > 0 {
                 times[m].push(t.elapsed().as_secs_f64());
-                cpu[m].push((thread_cpu_ns() - c) as f64 * 1e-9);
+                cpu[m].push((cpu_ns(single_thread) - c) as f64 * 1e-9);
             }
         }
     }
     for t in times.iter_mut().chain(cpu.iter_mut()) {
         t.sort_by(f64::total_cmp);
     }
-    let single = model.backend.n_threads() == 1 && cpu[1][0] > 0.0;
+    let clock = if single_thread { "thread" } else { "process" };
+    let have_cpu = cpu[1].first().is_some_and(|&c| c > 0.0);
     let (min1, med1) = (times[1][0], times[1][reps / 2]);
     println!(
         "{path}: {}, {reps} reps; 1-row pass min {:.2} ms, median {:.2} ms",
@@ -76,10 +84,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         med1 * 1e3
     );
     for (m, t) in times.iter().enumerate().skip(2) {
+        if t.is_empty() {
+            continue;
+        }
         let c = &cpu[m];
-        let cpu_ratio = if single {
+        let cpu_ratio = if have_cpu {
             format!(
-                "; thread CPU time min {:.2}x, median {:.2}x",
+                "; {clock} CPU time min {:.2}x, median {:.2}x",
                 c[0] / cpu[1][0],
                 c[reps / 2] / cpu[1][reps / 2]
             )
@@ -95,10 +106,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// CPU time of the calling thread in ns (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)` on Linux;
-/// 0 elsewhere).
+/// CPU time in ns of the calling thread (`thread`) or of the whole process
+/// (`clock_gettime(CLOCK_THREAD_CPUTIME_ID / CLOCK_PROCESS_CPUTIME_ID)` on Linux; 0 elsewhere).
 #[cfg(target_os = "linux")]
-fn thread_cpu_ns() -> u64 {
+fn cpu_ns(thread: bool) -> u64 {
     #[repr(C)]
     struct Timespec {
         sec: i64,
@@ -107,17 +118,23 @@ fn thread_cpu_ns() -> u64 {
     extern "C" {
         fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
     }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let id = if thread {
+        CLOCK_THREAD_CPUTIME_ID
+    } else {
+        CLOCK_PROCESS_CPUTIME_ID
+    };
     let mut ts = Timespec { sec: 0, nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec (64-bit Linux layout); the C library that std
     // links provides `clock_gettime`.
-    if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { clock_gettime(id, &mut ts) } != 0 {
         return 0;
     }
     ts.sec as u64 * 1_000_000_000 + ts.nsec as u64
 }
 
 #[cfg(not(target_os = "linux"))]
-fn thread_cpu_ns() -> u64 {
+fn cpu_ns(_thread: bool) -> u64 {
     0
 }

@@ -287,3 +287,46 @@ fn fused_and_decoded_paths_agree() {
         }
     }
 }
+
+/// A pass of 2..8 rows (the MTP verify) through Q4_K / Q8_0 weights gives every row the bits
+/// of a 1-row decode step on it (int16 activations, each weight block unpacked once for all
+/// rows), so verifying a draft judges it by decode's logits.
+#[test]
+fn stock_verify_rows_equal_single_row_decode() {
+    let be = CpuBackend::new(2);
+    let mut rng = StdRng::seed_from_u64(15);
+    for ty in [GgmlType::Q4K, GgmlType::Q8_0] {
+        if !gguf_io::quants::has_i16_kernel(ty) {
+            // No int16 kernel here (PN_ISA=scalar, no AVX2): both paths take f32 activations.
+            continue;
+        }
+        let bytes = encode(ty, &mut rng);
+        let src = WeightSource {
+            name: "w",
+            ty,
+            rows: ROWS,
+            cols: K,
+            bytes: &bytes,
+            rotated: false,
+            rotation_block: 0,
+            file: None,
+        };
+        let w = be.load_weight(&src).unwrap();
+        for t in [2usize, 3, 5, 8] {
+            let x = randn(&mut rng, t * K, 1.0);
+            let mut y = vec![0.0f32; t * ROWS];
+            be.matmul(&x, t, &mut [(&w, &mut y)]).unwrap();
+            for ti in 0..t {
+                let mut one = vec![0.0f32; ROWS];
+                let xt = x[ti * K..(ti + 1) * K].to_vec();
+                be.matmul(&xt, 1, &mut [(&w, &mut one)]).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&y[ti * ROWS..(ti + 1) * ROWS]),
+                    bits(&one),
+                    "{ty:?} t={t} row {ti}"
+                );
+            }
+        }
+    }
+}

@@ -129,6 +129,43 @@ pub fn vec_dot_i16(ty: GgmlType, row: &[u8], a: &ActsI16) -> Result<f32, QuantEr
     Ok(scalar(ty, row, a))
 }
 
+/// Activation sets one call of the multi-set kernel serves at once (more are taken in groups
+/// of this many; the row is then re-read from L1).
+pub const I16_MULTI: usize = 4;
+
+/// `out[m] = row . acts[m]` for every activation set (each as [`vec_dot_i16`] takes it), the
+/// row's blocks unpacked once for up to [`I16_MULTI`] sets (AVX-512); each result is
+/// bit-identical to [`vec_dot_i16`] on its set, so a multi-row pass (the MTP verify) gets the
+/// numbers of single-row decode.
+pub fn vec_dot_i16_multi(
+    ty: GgmlType,
+    row: &[u8],
+    acts: &[&ActsI16],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    if out.len() != acts.len() {
+        return Err(QuantError::Length {
+            ty,
+            what: "multi-dot outputs (one per activation set)",
+            expected: acts.len(),
+            got: out.len(),
+        });
+    }
+    for a in acts {
+        check(ty, row, a)?;
+    }
+    for (a, o) in acts.chunks(I16_MULTI).zip(out.chunks_mut(I16_MULTI)) {
+        #[cfg(target_arch = "x86_64")]
+        if super::x86_i16_multi::dot_multi(ty, row, a, o).is_some() {
+            continue;
+        }
+        for (v, a) in o.iter_mut().zip(a) {
+            *v = vec_dot_i16(ty, row, a)?;
+        }
+    }
+    Ok(())
+}
+
 fn check(ty: GgmlType, row: &[u8], a: &ActsI16) -> Result<(), QuantError> {
     if !matches!(ty, GgmlType::Q4K | GgmlType::Q8_0) {
         return Err(QuantError::Unsupported {

@@ -246,3 +246,66 @@ fn bad_lengths_and_types_are_typed_errors() {
     a.update(&[0.25; 256]).unwrap();
     assert_eq!((a.len(), a.d.len(), a.sums.len()), (256, 1, 8));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The multi-set kernel: every output bit-identical to the single-set kernel on its set (so
+    /// a verify row gets decode's numbers) and within f32 rounding of the reference, for 1..7
+    /// sets (a group of four and a remainder), odd group counts and unaligned rows.
+    #[test]
+    fn multi_set_kernel_equals_single_set(
+        q4k in any::<bool>(),
+        groups in 1usize..6,
+        sets in 1usize..8,
+        offset in 0usize..64,
+        spiky in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let ty = if q4k { GgmlType::Q4K } else { GgmlType::Q8_0 };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let blocks = if q4k { groups } else { 8 * groups };
+        let r = row(ty, blocks, 0.05, false, &mut rng);
+        let mut buf = vec![0u8; r.len() + 128];
+        let start = buf.as_ptr().align_offset(64) + offset;
+        buf.truncate(start + r.len());
+        buf[start..].copy_from_slice(&r);
+        let unaligned = &buf[start..];
+        let acts_v: Vec<ActsI16> = (0..sets)
+            .map(|_| {
+                let mut a = ActsI16::new();
+                a.update(&acts(groups * GROUP, 1.0, spiky, &mut rng)).unwrap();
+                a
+            })
+            .collect();
+        let refs: Vec<&ActsI16> = acts_v.iter().collect();
+        let mut out = vec![0f32; sets];
+        vec_dot_i16_multi(ty, unaligned, &refs, &mut out).unwrap();
+        for (m, a) in acts_v.iter().enumerate() {
+            let single = vec_dot_i16(ty, unaligned, a).unwrap();
+            prop_assert_eq!(out[m].to_bits(), single.to_bits(), "set {} of {}", m, sets);
+            let want = reference::vec_dot_i16(ty, unaligned, a).unwrap();
+            let tol = 4e-6 * magnitude(ty, unaligned, a) + 1e-30;
+            prop_assert!((f64::from(out[m]) - f64::from(want)).abs() <= tol);
+        }
+    }
+}
+
+#[test]
+fn multi_set_errors_are_typed() {
+    let mut a = ActsI16::new();
+    a.update(&[0.5; 256]).unwrap();
+    let mut out = [0f32; 2];
+    assert!(matches!(
+        vec_dot_i16_multi(GgmlType::Q4K, &[0u8; 144], &[&a], &mut out),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        vec_dot_i16_multi(GgmlType::Q4K, &[0u8; 100], &[&a, &a], &mut out),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        vec_dot_i16_multi(GgmlType::Q6K, &[0u8; 210], &[&a, &a], &mut out),
+        Err(QuantError::Unsupported { .. })
+    ));
+}

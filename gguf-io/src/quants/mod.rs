@@ -35,11 +35,15 @@ mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86_i16;
 #[cfg(target_arch = "x86_64")]
+mod x86_i16_multi;
+#[cfg(target_arch = "x86_64")]
 mod x86_multi;
 #[cfg(target_arch = "x86_64")]
 mod x86_stock;
 
-pub use i16acts::{has_i16_kernel, vec_dot_i16, ActsI16, GROUP as I16_GROUP};
+pub use i16acts::{
+    has_i16_kernel, vec_dot_i16, vec_dot_i16_multi, ActsI16, GROUP as I16_GROUP, I16_MULTI,
+};
 pub use multi::vec_dot_f32_multi;
 pub use q8::{quantize_activations, vec_dot_q, ActFormat, QuantizedActs};
 

@@ -20,7 +20,7 @@ use crate::types::GgmlType;
 
 /// Bytes ahead of the block being multiplied that the weights are prefetched (as in
 /// `x86_avx512`: without it the loads wait on DRAM between bursts of arithmetic).
-const PREFETCH_BYTES: usize = 4096;
+pub(super) const PREFETCH_BYTES: usize = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {
@@ -54,6 +54,16 @@ fn level() -> Level {
 /// Whether any kernel here may run (AVX2, FMA and F16C, and `PN_ISA` is not `scalar`).
 pub(crate) fn available() -> bool {
     level() != Level::None
+}
+
+/// `Some(vnni)` when the AVX-512 kernels run here (`vnni`: with `vpdpwssd`), for the
+/// multi-set kernels of `x86_i16_multi`.
+pub(super) fn level_avx512() -> Option<bool> {
+    match level() {
+        Level::Avx512Vnni => Some(true),
+        Level::Avx512 => Some(false),
+        _ => None,
+    }
 }
 
 /// `row . a` with the best kernel of this CPU, or `None` without one (or for another type).
@@ -118,14 +128,14 @@ fn q4k_scales_mins(s: &[u8]) -> (u64, u64) {
 /// `vpshufb` indices that spread byte `k` of each 64-bit lane over every 16-bit word (high byte
 /// zero: index bit 7 set), i.e. the word-broadcast of scale `k` from a `set1_epi64` of the 8.
 #[inline(always)]
-fn word_pick(k: usize) -> i16 {
+pub(super) fn word_pick(k: usize) -> i16 {
     (0x8000u16 | k as u16) as i16
 }
 
 /// The f16 pair at `p` (Q4_K's `d`, `dmin`; Q8_0's `d` and its first quant byte) as f32 in lanes
 /// 0 and 1, times `dx`.
 #[inline(always)]
-unsafe fn f16_pair(p: *const u8, dx: f32) -> __m128 {
+pub(super) unsafe fn f16_pair(p: *const u8, dx: f32) -> __m128 {
     let h = _mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32));
     _mm_mul_ps(_mm_cvtph_ps(h), _mm_set1_ps(dx))
 }
@@ -134,7 +144,7 @@ unsafe fn f16_pair(p: *const u8, dx: f32) -> __m128 {
 /// three cache lines; `wrapping_add`: a prefetch never faults) and returns its scales and mins
 /// (`q4k_scales_mins`).
 #[inline(always)]
-unsafe fn q4k_block_start(b: *const u8) -> (u64, u64) {
+pub(super) unsafe fn q4k_block_start(b: *const u8) -> (u64, u64) {
     let ahead = b.wrapping_add(PREFETCH_BYTES);
     for l in 0..3 {
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
@@ -145,7 +155,7 @@ unsafe fn q4k_block_start(b: *const u8) -> (u64, u64) {
 /// `accm + dmin * dx * (m_j * sum_j)` lane-wise over the 8 sub-blocks: the mins term of one
 /// Q4_K block (`mn` its mins, `sums` its 8 activation sums, `dd` lane 1 = `dmin * dx`).
 #[inline(always)]
-unsafe fn q4k_mins(accm: __m256, mn: u64, sums: *const i32, dd: __m128) -> __m256 {
+pub(super) unsafe fn q4k_mins(accm: __m256, mn: u64, sums: *const i32, dd: __m128) -> __m256 {
     let sums = _mm256_loadu_si256(sums as *const __m256i);
     let m = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)), sums);
     _mm256_fmadd_ps(

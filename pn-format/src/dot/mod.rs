@@ -31,6 +31,9 @@ mod tiles_amx;
 #[cfg(target_arch = "x86_64")]
 mod tiles_pipe;
 mod tiles_quant;
+mod tiles_small;
+#[cfg(target_arch = "x86_64")]
+mod tiles_small_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -41,6 +44,7 @@ pub use tiles::{
     amx_available, default_kernel, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with,
     tiled_pass_rows, TileActs, TileKernel, TILE, TILED_ROWS_MIN,
 };
+pub use tiles_small::{matvec_small, matvec_small_reference, SmallActs, SMALL_MAX_ROWS};
 
 use crate::block::blocks;
 use crate::error::PnError;

@@ -227,11 +227,11 @@ unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m
 /// of arithmetic, so the kernel ran at about `1 / (1/compute + 1/read)` instead of the slower
 /// of the two (measured: 5.1 GB/s against 14.5 GB/s in L2 and an 8.6 GB/s read). Rows follow
 /// each other in a matrix, so prefetching past the end of a row fetches the next row.
-const PREFETCH_BYTES: usize = 4096;
+pub(super) const PREFETCH_BYTES: usize = 4096;
 
 /// Prefetches the cache lines of `n` blocks starting at block `b` plus [`PREFETCH_BYTES`].
 #[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize) {
+pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize) {
     // `wrapping_add`: the address may lie past the end of the slice (a prefetch never faults).
     let start = p.wrapping_add(BLOCK_BYTES * b + PREFETCH_BYTES);
     let mut off = 0;
@@ -245,7 +245,7 @@ unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize) {
 /// scalar load inserted in a register: a table on the stack read back as a vector would stall
 /// on store forwarding (measured: the scale table was most of the kernel's time).
 #[inline(always)]
-unsafe fn scales16(p: *const u8, b: usize) -> __m256i {
+pub(super) unsafe fn scales16(p: *const u8, b: usize) -> __m256i {
     let h = |i: usize| std::ptr::read_unaligned(p.add(BLOCK_BYTES * (b + i)) as *const u16) as i16;
     _mm256_setr_epi16(
         h(0),
@@ -269,7 +269,7 @@ unsafe fn scales16(p: *const u8, b: usize) -> __m256i {
 
 /// Eight consecutive block scales (raw fp16) starting at block `b` (see [`scales16`]).
 #[inline(always)]
-unsafe fn scales8(p: *const u8, b: usize) -> __m128i {
+pub(super) unsafe fn scales8(p: *const u8, b: usize) -> __m128i {
     let h = |i: usize| std::ptr::read_unaligned(p.add(BLOCK_BYTES * (b + i)) as *const u16) as i16;
     _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7))
 }

@@ -6,6 +6,7 @@
 //! every activation set was prepared for `nb` blocks of the same type (i16 values padded to an
 //! even block count, per-block tables padded to a multiple of 16 blocks).
 
+use super::x86::{prefetch_ahead, scales16, scales8};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
@@ -170,17 +171,23 @@ pub(super) unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>
     let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut c = [_mm512_setzero_si512(); S];
     unroll!(j < S, {
-        let shifted = if j == 0 {
-            w
-        } else if VBMI {
-            // Lane L (0..4) of a qword: its code j starts at bit 16 L + BITS j.
-            let sh = (BITS as usize * j) as i64;
-            let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
-            _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
+        c[j] = if j > 0 && BITS as usize * (j + 1) == 16 {
+            // The top code of each 16-bit half (pn4t's last pair): a 16-bit shift leaves
+            // exactly it, no mask needed.
+            _mm512_srl_epi16(w, _mm_cvtsi32_si128((BITS as usize * j) as i32))
         } else {
-            _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
+            let shifted = if j == 0 {
+                w
+            } else if VBMI {
+                // Lane L (0..4) of a qword: its code j starts at bit 16 L + BITS j.
+                let sh = (BITS as usize * j) as i64;
+                let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
+                _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
+            } else {
+                _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
+            };
+            _mm512_and_si512(shifted, mask)
         };
-        c[j] = _mm512_and_si512(shifted, mask);
     });
     c
 }
@@ -206,8 +213,17 @@ unsafe fn body512<
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(16);
-        let hs = scale_bits(p, b, n);
-        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i));
+        // The decode kernel's two fixes: prefetch the weights 4 KiB ahead (the loads otherwise
+        // wait on DRAM between bursts of arithmetic), and whole groups' scales inserted into a
+        // register (a table on the stack read back as a vector stalls on store forwarding).
+        prefetch_ahead(p, b, n);
+        let hv = if n == 16 {
+            scales16(p, b)
+        } else {
+            let hs = scale_bits(p, b, n);
+            _mm256_loadu_si256(hs.as_ptr() as *const __m256i)
+        };
+        let dv = _mm512_cvtph_ps(hv);
         let mut dsx = [_mm512_setzero_ps(); M];
         unroll!(m < M, {
             dsx[m] = _mm512_mul_ps(dv, _mm512_loadu_ps(a[m].sx.add(b)));
@@ -292,8 +308,14 @@ unsafe fn avx2<const BITS: u32, const S: usize, const M: usize>(
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(8);
-        let hs = scale_bits(p, b, n);
-        let dv = _mm256_cvtph_ps(_mm_loadu_si128(hs.as_ptr() as *const __m128i));
+        prefetch_ahead(p, b, n);
+        let hv = if n == 8 {
+            scales8(p, b)
+        } else {
+            let hs = scale_bits(p, b, n);
+            _mm_loadu_si128(hs.as_ptr() as *const __m128i)
+        };
+        let dv = _mm256_cvtph_ps(hv);
         let mut ds = [[0f32; 8]; M];
         unroll!(m < M, {
             let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(a[m].sx.add(b)));

@@ -19,6 +19,7 @@ pub mod batch;
 mod cpu_cores;
 mod error;
 mod load;
+mod load_report;
 mod options;
 mod prompt_cache;
 mod session;
@@ -26,6 +27,7 @@ mod session;
 pub use cpu_cores::physical_cores;
 pub use error::{EngineError, Result};
 pub use load::LoadProgress;
+pub use load_report::{process_cpu, LoadPhase, LoadReport};
 pub use options::{
     Device, EngineOptions, KvCacheType, LogitsPath, Speculation, DEFAULT_CONTEXT,
     DEFAULT_PROMPT_CACHE_CHECKPOINTS, DEFAULT_PROMPT_CACHE_INTERVAL,
@@ -123,6 +125,8 @@ pub(crate) struct EngineInner {
     pub(crate) options: EngineOptions,
     pub(crate) context: usize,
     pub(crate) path: PathBuf,
+    /// Where the load's time went (phases, resident memory after it).
+    pub(crate) load_report: LoadReport,
 }
 
 impl std::fmt::Debug for Engine {
@@ -188,6 +192,11 @@ impl Engine {
             LoadedModel::Cuda(m) => Some(m),
             LoadedModel::Cpu(_) => None,
         }
+    }
+
+    /// Where the load's time went: wall and CPU time per phase, resident memory after it.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.inner.load_report
     }
 
     /// The model's configuration (shapes, vocabulary, layer kinds), whatever the backend.

@@ -78,6 +78,7 @@ impl CpuBackend {
             !direct && rows >= pn_format::dot::TILED_ROWS_MIN && pn_format::dot::amx_available();
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
+        let mut small_guard = None;
         let mut tile_guard = None;
         if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
             let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
@@ -98,6 +99,22 @@ impl CpuBackend {
                         ModelError::BadArgument(format!("preparing PN activations: {e}"))
                     })?;
                 }
+            }
+            if (2..=pn_format::dot::SMALL_MAX_ROWS).contains(&rows) {
+                // Arranged once per call for every thread's chunks.
+                let mut sg = self.pn_small.lock().unwrap_or_else(|e| e.into_inner());
+                for ty in PnType::ALL {
+                    if small_rows_tiled(ty) && outs.iter().any(|(w, _)| w.kind == RowKind::Pn(ty)) {
+                        sg[pn_index(ty)]
+                            .update(&g[pn_index(ty)][..rows])
+                            .map_err(|e| {
+                                ModelError::BadArgument(format!(
+                                    "preparing PN activation tiles: {e}"
+                                ))
+                            })?;
+                    }
+                }
+                small_guard = Some(sg);
             }
             pn_guard = Some(g);
         }
@@ -126,6 +143,7 @@ impl CpuBackend {
             tile_guard = Some(g);
         }
         let pn_acts = pn_guard.as_deref();
+        let pn_small = small_guard.as_deref();
         let pn_tiles = tile_guard.as_deref();
         let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
         let single = n_threads == 1 || total_rows * rows < 64;
@@ -151,7 +169,10 @@ impl CpuBackend {
                     tiles.map_or(Ok(()), |t| matmul_pn_tiled(w, ty, t, *y, range))
                 }
                 (true, RowKind::Pn(ty), Some(acts)) => {
-                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], *y, range)
+                    let small = pn_small
+                        .filter(|_| small_rows_tiled(ty))
+                        .map(|s| &s[pn_index(ty)]);
+                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], small, *y, range)
                 }
                 (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
                     .with_scratch(p, block_dot::ROWS * w.cols, |buf| {
@@ -175,6 +196,28 @@ impl CpuBackend {
             None => Ok(()),
         }
     }
+}
+
+/// Whether PN passes of 2..[`DECODE_ROWS_MIN`] rows (the MTP verify) of type `ty` take the
+/// few-row AMX kernel (`pn_format::dot::matvec_small`) where the CPU has AMX, instead of the
+/// fused int16 kernels. pn4t does by default: 3 rows cost 1.24-1.25x one row there against
+/// 1.90-2.02x for the fused kernel (`pn_verify` bench, 27B `ffn_down`, DRAM, 1 and 2 threads,
+/// CPU clock, load 5-7); pn3t does not (1.98-2.33x against 1.78-1.95x: its two K halves
+/// accumulate into one result tile, which serializes the tile chain).
+/// `PN_SMALL_TILES=0` turns it off, `all` on for both types (A/B runs). Cached.
+fn small_rows_tiled(ty: PnType) -> bool {
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| {
+        if !pn_format::dot::amx_available() {
+            return 0;
+        }
+        match std::env::var("PN_SMALL_TILES").as_deref() {
+            Ok("0") => 0,
+            Ok("all") => 2,
+            _ => 1,
+        }
+    });
+    mode == 2 || (mode == 1 && ty == PnType::Pn4t)
 }
 
 /// `y[t, r] = w_r . x_t` with the fused per-type dot product, each weight row multiplied with up
@@ -201,6 +244,14 @@ fn matmul_direct(
             unsafe { *y.get().add(r) = v };
         }
         return Ok(());
+    }
+    if w.i16_decode() {
+        // A few rows of Q4_K / Q8_0 (the MTP verify's head): int16 activations as in decode,
+        // each weight block unpacked once for every input row.
+        // SAFETY: row `r` of every output row `t` belongs to this thread only.
+        return w.dot_range_i16_multi(range, &x[..rows * k], rows, |t, r, v| unsafe {
+            *y.get().add(t * w.rows + r) = v
+        });
     }
     let mut vals = [0f32; MULTI_ROWS];
     for r in range {
@@ -270,11 +321,14 @@ fn matmul_decoded(
 }
 
 /// PN rows against prepared activations (one per input row), via
-/// `pn_format::dot::matvec_multi`: every weight block is read once for all input rows.
+/// `pn_format::dot::matvec_multi`: every weight block is read once for all input rows; with
+/// `small` (the same activations as AMX byte tiles, a few rows on a CPU with AMX) via
+/// `pn_format::dot::matvec_small`, which does the multiply-adds in tiles.
 fn matmul_pn(
     w: &CpuWeight,
     ty: PnType,
     acts: &[PreparedI16],
+    small: Option<&pn_format::dot::SmallActs>,
     y: SyncPtr,
     range: std::ops::Range<usize>,
 ) -> Result<(), ModelError> {
@@ -288,6 +342,24 @@ fn matmul_pn(
         // SAFETY: as below, for the single output row.
         let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
         return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
+    }
+    if let Some(small) = small {
+        let mut outs: Vec<&mut [f32]> = (0..acts.len())
+            .map(|t| {
+                // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint
+                // from the other entries, which are other output rows); in bounds because the
+                // output holds `rows * w.rows` floats (checked by `matmul`).
+                unsafe {
+                    std::slice::from_raw_parts_mut(
+                        y.get().add(t * w.rows + range.start),
+                        range.len(),
+                    )
+                }
+            })
+            .collect();
+        if pn_format::dot::matvec_small(ty, bytes, range.len(), small, &mut outs).map_err(pn_err)? {
+            return Ok(());
+        }
     }
     // Row tiles that stay in L2 while every group of input rows passes over them (one tile
     // for a few input rows: the weights are then read once anyway).

@@ -41,6 +41,9 @@ pub struct CpuBackend {
     /// Activations quantized to 24 bits in AMX tile order, per PN type, for many-row calls on
     /// a CPU with AMX; reused across calls like `pn_acts`.
     pn_tiles: Mutex<[Option<TileActs>; 2]>,
+    /// The prepared activations of a few-row pass (the MTP verify) as AMX byte tiles, per PN
+    /// type (`pn_format::dot::SmallActs`); reused across calls like `pn_acts`.
+    pn_small: Mutex<[pn_format::dot::SmallActs; 2]>,
     /// Input rows at or above which quantized rows are decoded once (see [`DECODE_ROWS_MIN`]).
     decode_rows_min: usize,
     /// Called with every matmul's input before it runs (activation statistics for
@@ -88,6 +91,7 @@ impl CpuBackend {
             gdn_chunked: true,
             pn_acts: Mutex::new([Vec::new(), Vec::new()]),
             pn_tiles: Mutex::new([None, None]),
+            pn_small: Mutex::new(Default::default()),
             decode_rows_min: DECODE_ROWS_MIN,
             observer: None,
         }

@@ -53,6 +53,9 @@ thread_local! {
     /// Each thread's int16 copy of the activation vector of its current chunk (`cols` values;
     /// grows to the widest matrix once, then reused without allocating).
     static ACTS_I16: RefCell<gguf_io::quants::ActsI16> = RefCell::new(Default::default());
+    /// Each thread's int16 copies of the input rows of its current multi-row chunk (one set of
+    /// `cols` values per input row; grown once, then reused).
+    static ROWS_I16: RefCell<Vec<gguf_io::quants::ActsI16>> = const { RefCell::new(Vec::new()) };
 }
 
 impl CpuWeight {
@@ -183,6 +186,43 @@ impl CpuWeight {
                 let v =
                     gguf_io::quants::vec_dot_i16(ty, self.row(r), a).map_err(|e| self.err(r, e))?;
                 put(r, v);
+            }
+            Ok(())
+        })
+    }
+
+    /// `put(t, r, row(r) . x_t)` for every row of `range` and each of the `n` input rows of `x`
+    /// (`n x cols`, row-major), each input row quantized once to int16 as in
+    /// [`CpuWeight::dot_range_i16`] and every weight block unpacked once for all of them
+    /// (`gguf_io::quants::vec_dot_i16_multi`): the MTP verify pass reads the Q4_K head once, and
+    /// each of its rows gets the bits a single-row decode step would.
+    pub(crate) fn dot_range_i16_multi(
+        &self,
+        range: std::ops::Range<usize>,
+        x: &[f32],
+        n: usize,
+        mut put: impl FnMut(usize, usize, f32),
+    ) -> Result<(), ModelError> {
+        let RowKind::Stock(ty) = self.kind else {
+            return Err(self.err(range.start, "int16 activations need a stock type"));
+        };
+        let k = self.cols;
+        ROWS_I16.with_borrow_mut(|sets| {
+            if sets.len() < n {
+                sets.resize_with(n, Default::default);
+            }
+            for (t, a) in sets[..n].iter_mut().enumerate() {
+                a.update(&x[t * k..(t + 1) * k])
+                    .map_err(|e| self.err(range.start, e))?;
+            }
+            let refs: Vec<&gguf_io::quants::ActsI16> = sets[..n].iter().collect();
+            let mut vals = vec![0f32; n];
+            for r in range {
+                gguf_io::quants::vec_dot_i16_multi(ty, self.row(r), &refs, &mut vals)
+                    .map_err(|e| self.err(r, e))?;
+                for (t, &v) in vals.iter().enumerate() {
+                    put(t, r, v);
+                }
             }
             Ok(())
         })

@@ -338,6 +338,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model_args.ctx_size = max_depth + max_len + 8;
     }
     let engine = engine_args::load_engine(&model_args, true)?;
+    // Where the load's time went (stderr: the tables on stdout stay llama-bench's).
+    eprintln!("pn: {}", engine.load_report());
     let reps = args.repetitions.max(1);
     let model_name = engine.path().file_name().map_or_else(
         || engine.path().display().to_string(),

@@ -78,11 +78,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
     };
     let chat_template = args.template.source()?;
+    // Open to first token: wall and process CPU time from here (the machine may be busy).
+    let opened = std::time::Instant::now();
     let engine = engine_args::load_engine_with(&args.model, true, |o| {
         let mut o = o.clone();
         o.chat_template = chat_template.or(o.chat_template);
         o
     })?;
+    eprintln!("pn: {}", engine.load_report());
     let mut session = engine.session()?;
     session.set_progress(engine_args::prefill_progress());
     let cancel = CancelToken::new();
@@ -112,20 +115,29 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     params.constraint = args.grammar.constraint(engine.tokenizer())?;
     let seed = params.seed;
     let mut generation = session.generate(Prompt::Text(prompt), params, stop)?;
+    let mut first_token = None;
     for event in generation.by_ref() {
         let event = event?;
+        first_token.get_or_insert_with(|| (opened.elapsed(), pn_runtime::engine::process_cpu()));
         write!(out, "{}", event.text)?;
         out.flush()?;
     }
     writeln!(out)?;
     let t = generation.timings();
+    let first_note = first_token.map_or_else(String::new, |(wall, cpu)| {
+        format!(
+            " | first token {:.2} s after open ({:.2} s cpu)",
+            wall.as_secs_f64(),
+            cpu.as_secs_f64()
+        )
+    });
     let seed_note = if args.sampling.temp > 0.0 {
         format!(" | seed {seed}")
     } else {
         String::new()
     };
     eprintln!(
-        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s){}{seed_note} | stop: {}",
+        "pn: prompt {} tokens in {:.1} ms ({:.2} tokens/s) | generation {} tokens in {:.1} ms ({:.2} tokens/s){}{seed_note}{first_note} | stop: {}",
         t.prompt_tokens,
         t.prompt_time.as_secs_f64() * 1e3,
         t.prompt_tokens_per_sec(),
