@@ -111,11 +111,16 @@ __device__ void q8_0_gemv_batch(const pn_u8* __restrict__ w, const float* __rest
 #define PN_Q4KB_ROWS(t) ((t) == 2 ? 16 : (t) == 3 ? 10 : (t) == 4 ? 8 : (t) == 5 ? 6 : (t) == 6 ? 5 : 4)
 #define PN_QB_ARGS const pn_u8 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int N, int K
 extern "C" {
-#define PN_QB(t)                                                                                                      \
+// One kernel per macro: the kernel tests' source scan (`tests/common`) takes one kernel
+// name per expanded macro call.
+#define PN_Q4KB(t)                                                                                                    \
     __global__ void __launch_bounds__(256) q4_k_gemv_b##t(PN_QB_ARGS, int S) {                                         \
         q4_k_gemv_batch<t, PN_Q4KB_ROWS(t)>(w, x, y, N, K, S);                                                          \
-    }                                                                                                                  \
+    }
+#define PN_Q8B(t) \
     __global__ void __launch_bounds__(256) q8_0_gemv_b##t(PN_QB_ARGS) { q8_0_gemv_batch<t>(w, x, y, N, K); }
-PN_QB(2) PN_QB(3) PN_QB(4) PN_QB(5) PN_QB(6) PN_QB(7) PN_QB(8)
-#undef PN_QB
+PN_Q4KB(2) PN_Q4KB(3) PN_Q4KB(4) PN_Q4KB(5) PN_Q4KB(6) PN_Q4KB(7) PN_Q4KB(8)
+PN_Q8B(2) PN_Q8B(3) PN_Q8B(4) PN_Q8B(5) PN_Q8B(6) PN_Q8B(7) PN_Q8B(8)
+#undef PN_Q4KB
+#undef PN_Q8B
 }
