@@ -47,7 +47,6 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         for (name, kernel) in [
             ("tiled_amx", TileKernel::AmxBlocked),
             ("tiled_amx_one_tile", TileKernel::AmxOneTile),
-            ("tiled_amx_pipelined", TileKernel::AmxPipelined),
         ] {
             g.bench_function(name, |b| {
                 let outs = std::sync::Mutex::new(&mut outs);

@@ -2,8 +2,12 @@
 //! thread's CPU clock, and the minimum of many short runs is kept per kernel (interference only
 //! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`.
 
-use pn_format::dot::{amx_available, matmul_tiled_kernel, TileActs, TileKernel};
+use pn_format::dot::{
+    amx_available, matmul_tiled_kernel, matvec_small, SmallActs, TileActs, TileKernel,
+    SMALL_MAX_ROWS,
+};
 use pn_format::PnType;
+use pn_format::PreparedI16;
 use std::time::Duration;
 
 fn thread_cpu() -> Duration {
@@ -62,12 +66,8 @@ fn main() {
             .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
             .collect();
         let acts = TileActs::new(ty, &x, n).unwrap();
-        let kernels = [
-            TileKernel::AmxOneTile,
-            TileKernel::AmxBlocked,
-            TileKernel::AmxPipelined,
-        ];
-        let mut best = [Duration::MAX; 3];
+        let kernels = [TileKernel::AmxOneTile, TileKernel::AmxBlocked];
+        let mut best = [Duration::MAX; 2];
         let mut outs = vec![vec![0f32; rows]; n];
         let mut first: Vec<Vec<Vec<f32>>> = Vec::new();
         for _ in 0..reps {
@@ -84,7 +84,29 @@ fn main() {
             }
         }
         assert!(first.iter().all(|o| *o == first[0]), "kernels differ");
-        let mac = (rows * k * n * 3) as f64;
+        // The few-row kernel (inputs in the A tile), in groups of 16 inputs.
+        let prepared: Vec<PreparedI16> = x
+            .chunks_exact(k)
+            .map(|xt| PreparedI16::new(ty, xt).unwrap())
+            .collect();
+        let smalls: Vec<SmallActs> = prepared
+            .chunks(SMALL_MAX_ROWS)
+            .map(|g| {
+                let mut s = SmallActs::default();
+                s.update(g).unwrap();
+                s
+            })
+            .collect();
+        let mut best_small = Duration::MAX;
+        for _ in 0..reps {
+            let t0 = thread_cpu();
+            for (s, o) in smalls.iter().zip(outs.chunks_mut(SMALL_MAX_ROWS)) {
+                let mut refs: Vec<&mut [f32]> = o.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matvec_small(ty, &w, rows, s, &mut refs).unwrap();
+            }
+            best_small = best_small.min(thread_cpu() - t0);
+        }
+        let mac = (rows * k * n) as f64;
         print!("{ty} {rows}x{k} x{n}:");
         for (kern, b) in kernels.iter().zip(best) {
             print!(
@@ -93,6 +115,11 @@ fn main() {
                 mac / b.as_secs_f64() / 1e9
             );
         }
-        println!();
+        println!(
+            "  small x{} {:.2} ms ({:.0} GMAC/s)",
+            SMALL_MAX_ROWS,
+            best_small.as_secs_f64() * 1e3,
+            mac / best_small.as_secs_f64() / 1e9
+        );
     }
 }

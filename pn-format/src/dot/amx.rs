@@ -3,9 +3,9 @@
 //! Per 16-row tile of weights, the codes are unpacked once (AVX-512BW: shift, mask, subtract
 //! the zero point, narrow to signed bytes) into `A` tiles, `[block][row 16][kk]` with
 //! `kk = 16 j + l`, and the block scales into `d[block][row 16]`. Then for each group of 16
-//! inputs and each block, two K-halves of `8 S` bytes: `tdpbssd` (codes x the signed top byte
-//! of `q`) and `tdpbsud` twice (codes x each unsigned low byte) into three int32 tiles, which
-//! AVX-512 combines and scales into 16 f32 accumulators of 16 inputs each.
+//! inputs and each block, two K-halves of `8 S` bytes: `tdpbssd` (codes x the signed high byte
+//! of `q`) and `tdpbsud` (codes x the unsigned low byte) into two int32 tiles, which AVX-512
+//! combines and scales into 16 f32 accumulators of 16 inputs each.
 //!
 //! The tile registers are used in `asm!` only (the compiler never touches them); the tile
 //! configuration is loaded at the start of [`matmul`] and released at its end, with no call in
@@ -55,8 +55,8 @@ pub(super) struct TileConfig {
     pub(super) rows: [u8; 16],
 }
 
-/// Weight rows per pass (one row tile: the three result tiles, the codes and the three byte
-/// tiles of `q` take seven of the eight tile registers).
+/// Weight rows per pass (one row tile: the two result tiles, the codes and the two byte tiles of
+/// `q` take five of the eight tile registers).
 const PASS: usize = TILE;
 
 /// 16 x 16 int32 results, aligned for the tile store and the vector loads.
@@ -113,20 +113,16 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
             palette: 1,
             start_row: 0,
             reserved: [0; 14],
-            // tmm0..2: int32 results per byte of `q` (16 x 64 bytes); tmm3: codes (16 x 8S
-            // bytes); tmm4..6: the bytes of `q` (2S x 64 bytes).
-            colsb: [w64, w64, w64, wk, w64, w64, w64, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            // tmm0..1: int32 results per byte of `q` (16 x 64 bytes); tmm3: codes (16 x 8S
+            // bytes); tmm4..5: the bytes of `q` (2S x 64 bytes).
+            colsb: [w64, w64, 0, wk, w64, w64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             rows: [
-                h16, h16, h16, h16, b_rows, b_rows, b_rows, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                h16, h16, 0, h16, b_rows, b_rows, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ],
         };
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
-        // Results for the top, middle and low byte of `q`.
-        let mut c = [
-            Acc([0; TILE * TILE]),
-            Acc([0; TILE * TILE]),
-            Acc([0; TILE * TILE]),
-        ];
+        // Results for the high and low byte of `q`.
+        let mut c = [Acc([0; TILE * TILE]), Acc([0; TILE * TILE])];
         for r0 in (0..rows).step_by(PASS) {
             let nr = PASS.min(rows - r0);
             unpack::<BITS, S>(&weights[r0 * rb..(r0 + nr) * rb], nr, nb, a, d, PASS);
@@ -136,42 +132,33 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                     let gb = g * nb + b;
                     let ap = a.as_ptr().add(b * PASS * bpw);
                     let at = gb * TILE * bpw;
-                    let (p2, p1, p0) = (
-                        acts.b2.as_ptr().add(at) as *const u8,
-                        acts.b1.as_ptr().add(at),
-                        acts.b0.as_ptr().add(at),
+                    let (ph, pl) = (
+                        acts.hi.as_ptr().add(at) as *const u8,
+                        acts.lo.as_ptr().add(at),
                     );
                     let cp = c.as_mut_ptr() as *mut i32;
-                    // The two K halves of the block, each: codes x the three bytes of `q`.
+                    // The two K halves of the block, each: codes x the two bytes of `q`.
                     asm!(
                         "tilezero tmm0",
                         "tilezero tmm1",
-                        "tilezero tmm2",
                         "tileloadd tmm3, [{a} + {sa}*1]",
-                        "tileloadd tmm4, [{p2} + {sb}*1]",
-                        "tileloadd tmm5, [{p1} + {sb}*1]",
-                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tileloadd tmm4, [{ph} + {sb}*1]",
+                        "tileloadd tmm5, [{pl} + {sb}*1]",
                         "tdpbssd tmm0, tmm3, tmm4",
                         "tdpbsud tmm1, tmm3, tmm5",
-                        "tdpbsud tmm2, tmm3, tmm6",
                         "tileloadd tmm3, [{a2} + {sa}*1]",
-                        "tileloadd tmm4, [{q2} + {sb}*1]",
-                        "tileloadd tmm5, [{q1} + {sb}*1]",
-                        "tileloadd tmm6, [{q0} + {sb}*1]",
+                        "tileloadd tmm4, [{qh} + {sb}*1]",
+                        "tileloadd tmm5, [{ql} + {sb}*1]",
                         "tdpbssd tmm0, tmm3, tmm4",
                         "tdpbsud tmm1, tmm3, tmm5",
-                        "tdpbsud tmm2, tmm3, tmm6",
                         "tilestored [{c} + {sb}*1], tmm0",
                         "tilestored [{c} + {sb}*1 + 1024], tmm1",
-                        "tilestored [{c} + {sb}*1 + 2048], tmm2",
                         a = in(reg) ap,
                         a2 = in(reg) ap.add(half),
-                        p2 = in(reg) p2,
-                        p1 = in(reg) p1,
-                        p0 = in(reg) p0,
-                        q2 = in(reg) p2.add(half * TILE),
-                        q1 = in(reg) p1.add(half * TILE),
-                        q0 = in(reg) p0.add(half * TILE),
+                        ph = in(reg) ph,
+                        pl = in(reg) pl,
+                        qh = in(reg) ph.add(half * TILE),
+                        ql = in(reg) pl.add(half * TILE),
                         sa = in(reg) bpw,
                         sb = in(reg) 64usize,
                         c = in(reg) cp,
@@ -181,7 +168,7 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
                     let db = d.as_ptr().add(b * PASS);
                     for (r, fr) in f.iter_mut().enumerate() {
                         let at = r * TILE;
-                        let planes = [0, 1, 2].map(|p| c[p].0.as_ptr().add(at));
+                        let planes = [0, 1].map(|p| c[p].0.as_ptr().add(at));
                         *fr = accumulate(planes, *db.add(r), sx, *fr);
                     }
                 }
@@ -213,19 +200,13 @@ pub(super) unsafe fn write_rows(
     }
 }
 
-/// `f + (65536 top + (256 mid + low)) * d * sx` for one weight row's 16 int32 block sums per
-/// byte plane of `q` (`planes`: top, middle, low; 64-byte aligned), its block scale `d` and the
-/// 16 inputs' scales `sx`.
+/// `f + (256 hi + lo) * d * sx` for one weight row's 16 int32 block sums per byte plane of `q`
+/// (`planes`: high, low; 64-byte aligned), its block scale `d` and the 16 inputs' scales `sx`.
 #[inline(always)]
-pub(super) unsafe fn accumulate(planes: [*const i32; 3], d: f32, sx: __m512, f: __m512) -> __m512 {
-    let [top, mid, low] = planes.map(|p| _mm512_load_si512(p as *const _));
-    // Exact in int32: |256 c1 + c0| <= 257 * 80 * 8 * 255.
-    let below = _mm512_add_epi32(_mm512_slli_epi32::<8>(mid), low);
-    let v = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(top),
-        _mm512_set1_ps(65536.0),
-        _mm512_cvtepi32_ps(below),
-    );
+pub(super) unsafe fn accumulate(planes: [*const i32; 2], d: f32, sx: __m512, f: __m512) -> __m512 {
+    let [hi, lo] = planes.map(|p| _mm512_load_si512(p as *const _));
+    // Exact in int32 and in f32: |256 c1 + c0| = |sum (n - z) q| <= 80 * 4 * 32767 < 2^24.
+    let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32::<8>(hi), lo));
     _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(d), sx), f)
 }
 

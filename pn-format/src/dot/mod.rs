@@ -29,7 +29,6 @@ mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod tiles_amx;
 #[cfg(target_arch = "x86_64")]
-mod tiles_pipe;
 mod tiles_quant;
 mod tiles_small;
 #[cfg(target_arch = "x86_64")]

@@ -1,12 +1,16 @@
 //! The tiled matrix-matrix product for many input rows (prompt chunks): `out[t][r] = dot(row r,
 //! x[t])` for 16 weight rows x 16 input rows at a time, on AMX tiles where the CPU has them.
 //!
-//! Activations are quantized per weight block to 24-bit integers (`x ~= sx * q`, `|q| <
-//! 2^23`): as precise as f32 itself (relative step 2^-23 of the block's largest value), so
-//! prefill keeps the numerics of the f32 path it replaces, not the int16 rounding of decode.
-//! `q` is split into a signed top byte and two unsigned bytes; the codes enter as signed `n - z`,
-//! so `tdpbssd` (top byte) and `tdpbsud` (the two low bytes) give three exact int32 block sums,
-//! combined in f32 as `65536 c2 + (256 c1 + c0)` (the second term exact in int32).
+//! Activations are quantized per weight block to int16 exactly as decode quantizes them
+//! ([`super::PreparedI16`]: `x ~= sx * q`, `sx = amax / 32767`, `q` rounded half away from
+//! zero), so a prompt row gets the same integer block sums as the same row decoded alone: prefill
+//! and decode differ only in the order of the f32 sums. (Until this design, prefill used 24-bit
+//! activations, three byte planes instead of two: 1.5x the tile products and stores for numerics
+//! that decode, and every token after the prompt, do not have.)
+//! `q` is split into a signed high byte and an unsigned low byte; the codes enter as signed
+//! `n - z`, so `tdpbssd` (high byte) and `tdpbsud` (low byte) give two exact int32 block sums,
+//! combined as `256 c1 + c0` (`|sum (n - z) q| <= 80 * 4 * 32767 < 2^24`: exact in int32 and
+//! in its f32 conversion).
 //!
 //! [`TileActs`] quantizes and arranges a set of input rows once per call into the AMX "B"
 //! layout; [`matmul_tiled`] then runs any number of row ranges against it (one per thread).
@@ -22,8 +26,8 @@ pub const TILE: usize = 16;
 /// once and a tile of 16 input rows is computed at once, so a few rows waste most of it.
 pub const TILED_ROWS_MIN: usize = super::MAX_ACTS + 1;
 
-/// Input rows quantized to 24 bits per block, in AMX tile order: per group of 16 input rows and
-/// per block, the three bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
+/// Input rows quantized to int16 per block, in AMX tile order: per group of 16 input rows and
+/// per block, the two bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
 /// `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block position
 /// `kk = 16 j + l` is the code in 16-bit lane `l` of pair `j` of an unpacked word).
 #[derive(Clone, Debug)]
@@ -31,12 +35,10 @@ pub struct TileActs {
     ty: PnType,
     k: usize,
     n: usize,
-    /// `[group][block][kk / 4][input 16][kk % 4]`: bits 16..24 of `q` (signed).
-    pub(super) b2: Vec<i8>,
-    /// The same layout, bits 8..16.
-    pub(super) b1: Vec<u8>,
-    /// The same layout, bits 0..8.
-    pub(super) b0: Vec<u8>,
+    /// `[group][block][kk / 4][input 16][kk % 4]`: bits 8..16 of `q` (signed).
+    pub(super) hi: Vec<i8>,
+    /// The same layout, bits 0..8 (unsigned).
+    pub(super) lo: Vec<u8>,
     /// `[group][block][input 16]` activation scales (0 for padding inputs).
     pub(super) sx: Vec<f32>,
 }
@@ -53,9 +55,8 @@ impl TileActs {
             ty,
             k: 0,
             n: 0,
-            b2: Vec::new(),
-            b1: Vec::new(),
-            b0: Vec::new(),
+            hi: Vec::new(),
+            lo: Vec::new(),
             sx: Vec::new(),
         };
         t.update(x, n)?;
@@ -94,37 +95,28 @@ impl TileActs {
         self.n = n;
         let values = groups * nb * bpw * TILE;
         // Every byte is rewritten below except padding inputs' (zero here).
-        for v in [&mut self.b1, &mut self.b0] {
-            v.clear();
-            v.resize(values, 0);
-        }
-        self.b2.clear();
-        self.b2.resize(values, 0);
+        self.lo.clear();
+        self.lo.resize(values, 0);
+        self.hi.clear();
+        self.hi.resize(values, 0);
         self.sx.clear();
         self.sx.resize(groups * nb * TILE, 0.0);
         let total = groups * nb;
         let parts = parts.clamp(1, total.max(1));
-        // Per part: its first `[group][block]` index and its slices of the four buffers.
+        // Per part: its first `[group][block]` index and its slices of the three buffers.
         let mut pieces = Vec::with_capacity(parts);
-        let (mut b2, mut b1, mut b0, mut sx) = (
-            &mut self.b2[..],
-            &mut self.b1[..],
-            &mut self.b0[..],
-            &mut self.sx[..],
-        );
+        let (mut hi, mut lo, mut sx) = (&mut self.hi[..], &mut self.lo[..], &mut self.sx[..]);
         let mut first = 0;
         for i in 0..parts {
             let len = total / parts + usize::from(i < total % parts);
-            let (h2, t2) = b2.split_at_mut(len * bpw * TILE);
-            let (h1, t1) = b1.split_at_mut(len * bpw * TILE);
-            let (h0, t0) = b0.split_at_mut(len * bpw * TILE);
+            let (hh, th) = hi.split_at_mut(len * bpw * TILE);
+            let (hl, tl) = lo.split_at_mut(len * bpw * TILE);
             let (hs, ts) = sx.split_at_mut(len * TILE);
-            (b2, b1, b0, sx) = (t2, t1, t0, ts);
+            (hi, lo, sx) = (th, tl, ts);
             pieces.push(std::sync::Mutex::new(super::tiles_quant::Piece {
                 first,
-                b2: h2,
-                b1: h1,
-                b0: h0,
+                hi: hh,
+                lo: hl,
                 sx: hs,
             }));
             first += len;
@@ -205,8 +197,8 @@ pub fn matmul_tiled_with(
 }
 
 /// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. The AMX kernels fall back
-/// to the reference where [`amx_available`] is false; all three give the same integer sums per
-/// block (the AMX ones bit-identical results).
+/// to the reference where [`amx_available`] is false; all give the same integer sums per block
+/// (the AMX ones bit-identical results).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileKernel {
     /// The portable reference (slow).
@@ -215,9 +207,6 @@ pub enum TileKernel {
     AmxOneTile,
     /// Two (pn3t) or three (pn4t) row tiles per pass sharing each activation-tile load.
     AmxBlocked,
-    /// One row tile per pass, software-pipelined: the vector work of one block between the
-    /// tile products of the next and their stores.
-    AmxPipelined,
 }
 
 /// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
@@ -232,16 +221,16 @@ pub fn tiled_pass_rows(ty: PnType) -> usize {
 }
 
 /// The AMX kernel [`matmul_tiled`] runs: the register-blocked one, or the one named by
-/// `PN_TILE_KERNEL` (`blocked`, `one`, `pipelined`) for A/B runs of a whole model on one
-/// machine (the three are bit-identical). Blocked is the default because it was the fastest
-/// whole-model prefill on a quiet machine: 27B-shaped pp64 at 2 threads, alternated,
-/// 5.85 and 4.98 tok/s against 4.61 and 4.05 for the pipelined one. Cached after the first call.
+/// `PN_TILE_KERNEL` (`blocked`, `one`) for A/B runs of a whole model on one machine (the two
+/// are bit-identical). Blocked is the default because it is the fastest (`cargo run --release
+/// -p pn-format --example tiled_ab`). A software-pipelined one-tile kernel was tried and
+/// removed: slower than blocked on the whole 27B-shaped prefill (pp64 at 2 threads,
+/// alternated: 4.61 and 4.05 tok/s against 5.85 and 4.98). Cached after the first call.
 pub fn default_kernel() -> TileKernel {
     static K: std::sync::OnceLock<TileKernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| match std::env::var("PN_TILE_KERNEL").as_deref() {
         Ok("blocked") => TileKernel::AmxBlocked,
         Ok("one") => TileKernel::AmxOneTile,
-        Ok("pipelined") => TileKernel::AmxPipelined,
         _ => TileKernel::AmxBlocked,
     })
 }
@@ -305,10 +294,7 @@ pub fn matmul_tiled_kernel(
         unsafe {
             match kernel {
                 TileKernel::AmxOneTile => super::amx::matmul(ty, weights, rows, nb, acts, outs),
-                TileKernel::AmxBlocked => {
-                    super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs)
-                }
-                _ => super::tiles_pipe::matmul(ty, weights, rows, nb, acts, outs),
+                _ => super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs),
             }
         };
         return Ok(());
@@ -317,8 +303,8 @@ pub fn matmul_tiled_kernel(
     Ok(())
 }
 
-/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sums `c2`, `c1`,
-/// `c0` of `(n - z)` times each byte of `q`, combined as `65536 c2 + (256 c1 + c0)` in f32, times
+/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sums `c1`, `c0`
+/// of `(n - z)` times each byte of `q`, combined as `256 c1 + c0`, converted to f32, times
 /// `d * sx`, summed over blocks in order.
 fn reference(
     ty: PnType,
@@ -352,14 +338,13 @@ fn reference(
                 }
                 let gb = g * nb + b;
                 let base = gb * bpw * TILE + 4 * col;
-                let (mut c2, mut c1, mut c0) = (0i32, 0i32, 0i32);
+                let (mut c1, mut c0) = (0i32, 0i32);
                 for (kk, &c) in codes.iter().enumerate() {
                     let at = base + (kk / 4) * 4 * TILE + kk % 4;
-                    c2 += c * i32::from(acts.b2[at]);
-                    c1 += c * i32::from(acts.b1[at]);
-                    c0 += c * i32::from(acts.b0[at]);
+                    c1 += c * i32::from(acts.hi[at]);
+                    c0 += c * i32::from(acts.lo[at]);
                 }
-                let f = (c2 as f32).mul_add(65536.0, (256 * c1 + c0) as f32);
+                let f = (256 * c1 + c0) as f32;
                 total = f.mul_add(blk.scale() * acts.sx[gb * TILE + col], total);
             }
             out[r] = total;

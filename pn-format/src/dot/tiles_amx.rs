@@ -2,17 +2,17 @@
 //! load of an activation tile.
 //!
 //! The one-tile kernel ([`super::amx`]) loads, per 16 x 16 result and block, one code tile and
-//! three activation-byte tiles per K half (8 `tileloadd` for 6 `tdp*`), and perf shows it bound
-//! by those loads. Here one pass holds `R` row tiles of codes in tile registers and walks the
-//! three byte planes of `q` one at a time, so each activation tile is loaded once for `R` row
-//! tiles and each code tile once for all three planes:
+//! two activation-byte tiles per K half (6 `tileloadd` for 4 `tdp*`), and perf showed it
+//! bound by those loads. Here one pass holds `R` row tiles of codes in tile registers and walks the
+//! two byte planes of `q` one at a time, so each activation tile is loaded once for `R` row
+//! tiles and each code tile once for both planes:
 //!
 //! - pn3t (80 codes per block: two K halves of 40 bytes), `R = 2`: `tmm0..3` the codes (tile,
 //!   half), `tmm4..5` one plane's two halves, `tmm6..7` the int32 results of the two tiles;
-//!   10 loads for 12 `tdp*` (was 16 for 12).
+//!   8 loads for 8 `tdp*` (the one-tile kernel: 12 for 8).
 //! - pn4t (64 codes: the whole block is one 64-byte K step), `R = 3`: `tmm0..2` the codes,
-//!   `tmm3..4` the planes (alternating, so one loads while the other is used), `tmm5..7` the
-//!   results; 6 loads for 9 `tdp*` (was 24 loads for 18 `tdp*` on half-width K).
+//!   `tmm3..4` the planes, `tmm5..7` the results; 5 loads for 6 `tdp*` (the one-tile kernel:
+//!   18 loads for 12 `tdp*` on half-width K).
 //!
 //! The integer sums per block are the same as the one-tile kernel's (and the reference's), so
 //! the results are bit-identical to it: only the order of loads changes.
@@ -32,10 +32,10 @@ pub const fn pass_rows(ty: PnType) -> usize {
     }
 }
 
-/// The int32 results of one block for the three planes of `q` and `R` row tiles:
+/// The int32 results of one block for the two planes of `q` and `R` row tiles:
 /// `[plane][tile][row 16][input 16]`.
 #[repr(C, align(64))]
-struct Planes<const R: usize>([[[i32; TILE * TILE]; R]; 3]);
+struct Planes<const R: usize>([[[i32; TILE * TILE]; R]; 2]);
 
 /// `outs[t][r] = dot(row r, acts[t])`.
 ///
@@ -90,18 +90,18 @@ fn config(s: usize) -> TileConfig {
 }
 
 /// One block of pn3t for two row tiles: `a` points at the block's codes (`[row 32][kk 80]`),
-/// `p[i]` at plane `i` (top, middle, low byte of `q`) of the block's activations
-/// (`[kk / 4 = 20][input 16][4]`, the second K half 640 bytes in), results to `c`.
+/// `p[i]` at plane `i` (high, low byte of `q`) of the block's activations (`[kk / 4 = 20][input
+/// 16][4]`, the second K half 640 bytes in), results to `c`.
 #[inline(always)]
-unsafe fn block_pn3(a: *const u8, p: [*const u8; 3], c: *mut i32) {
+unsafe fn block_pn3(a: *const u8, p: [*const u8; 2], c: *mut i32) {
     asm!(
         "tileloadd tmm0, [{a} + {sa}*1]",
         "tileloadd tmm1, [{a} + {sa}*1 + 40]",
         "tileloadd tmm2, [{a1} + {sa}*1]",
         "tileloadd tmm3, [{a1} + {sa}*1 + 40]",
-        // Plane 2 (signed top byte).
-        "tileloadd tmm4, [{p2} + {sb}*1]",
-        "tileloadd tmm5, [{p2} + {sb}*1 + 640]",
+        // The high byte (signed).
+        "tileloadd tmm4, [{ph} + {sb}*1]",
+        "tileloadd tmm5, [{ph} + {sb}*1 + 640]",
         "tilezero tmm6",
         "tilezero tmm7",
         "tdpbssd tmm6, tmm0, tmm4",
@@ -110,9 +110,9 @@ unsafe fn block_pn3(a: *const u8, p: [*const u8; 3], c: *mut i32) {
         "tdpbssd tmm7, tmm3, tmm5",
         "tilestored [{c} + {sb}*1], tmm6",
         "tilestored [{c} + {sb}*1 + 1024], tmm7",
-        // Plane 1 (unsigned middle byte).
-        "tileloadd tmm4, [{p1} + {sb}*1]",
-        "tileloadd tmm5, [{p1} + {sb}*1 + 640]",
+        // The low byte (unsigned).
+        "tileloadd tmm4, [{pl} + {sb}*1]",
+        "tileloadd tmm5, [{pl} + {sb}*1 + 640]",
         "tilezero tmm6",
         "tilezero tmm7",
         "tdpbsud tmm6, tmm0, tmm4",
@@ -121,22 +121,10 @@ unsafe fn block_pn3(a: *const u8, p: [*const u8; 3], c: *mut i32) {
         "tdpbsud tmm7, tmm3, tmm5",
         "tilestored [{c} + {sb}*1 + 2048], tmm6",
         "tilestored [{c} + {sb}*1 + 3072], tmm7",
-        // Plane 0 (unsigned low byte).
-        "tileloadd tmm4, [{p0} + {sb}*1]",
-        "tileloadd tmm5, [{p0} + {sb}*1 + 640]",
-        "tilezero tmm6",
-        "tilezero tmm7",
-        "tdpbsud tmm6, tmm0, tmm4",
-        "tdpbsud tmm7, tmm2, tmm4",
-        "tdpbsud tmm6, tmm1, tmm5",
-        "tdpbsud tmm7, tmm3, tmm5",
-        "tilestored [{c} + {sb}*1 + 4096], tmm6",
-        "tilestored [{c} + {sb}*1 + 5120], tmm7",
         a = in(reg) a,
         a1 = in(reg) a.add(TILE * 80),
-        p2 = in(reg) p[0],
-        p1 = in(reg) p[1],
-        p0 = in(reg) p[2],
+        ph = in(reg) p[0],
+        pl = in(reg) p[1],
         sa = in(reg) 80usize,
         sb = in(reg) 64usize,
         c = in(reg) c,
@@ -147,19 +135,19 @@ unsafe fn block_pn3(a: *const u8, p: [*const u8; 3], c: *mut i32) {
 /// One block of pn4t for three row tiles: `a` points at the block's codes (`[row 48][kk 64]`),
 /// `p[i]` at plane `i` (`[kk / 4 = 16][input 16][4]`), results to `c`.
 #[inline(always)]
-unsafe fn block_pn4(a: *const u8, p: [*const u8; 3], c: *mut i32) {
+unsafe fn block_pn4(a: *const u8, p: [*const u8; 2], c: *mut i32) {
     asm!(
         "tileloadd tmm0, [{a} + {s}*1]",
         "tileloadd tmm1, [{a} + {s}*1 + 1024]",
         "tileloadd tmm2, [{a} + {s}*1 + 2048]",
-        "tileloadd tmm3, [{p2} + {s}*1]",
+        "tileloadd tmm3, [{ph} + {s}*1]",
+        "tileloadd tmm4, [{pl} + {s}*1]",
         "tilezero tmm5",
         "tilezero tmm6",
         "tilezero tmm7",
         "tdpbssd tmm5, tmm0, tmm3",
         "tdpbssd tmm6, tmm1, tmm3",
         "tdpbssd tmm7, tmm2, tmm3",
-        "tileloadd tmm4, [{p1} + {s}*1]",
         "tilestored [{c} + {s}*1], tmm5",
         "tilestored [{c} + {s}*1 + 1024], tmm6",
         "tilestored [{c} + {s}*1 + 2048], tmm7",
@@ -169,23 +157,12 @@ unsafe fn block_pn4(a: *const u8, p: [*const u8; 3], c: *mut i32) {
         "tdpbsud tmm5, tmm0, tmm4",
         "tdpbsud tmm6, tmm1, tmm4",
         "tdpbsud tmm7, tmm2, tmm4",
-        "tileloadd tmm3, [{p0} + {s}*1]",
         "tilestored [{c} + {s}*1 + 3072], tmm5",
         "tilestored [{c} + {s}*1 + 4096], tmm6",
         "tilestored [{c} + {s}*1 + 5120], tmm7",
-        "tilezero tmm5",
-        "tilezero tmm6",
-        "tilezero tmm7",
-        "tdpbsud tmm5, tmm0, tmm3",
-        "tdpbsud tmm6, tmm1, tmm3",
-        "tdpbsud tmm7, tmm2, tmm3",
-        "tilestored [{c} + {s}*1 + 6144], tmm5",
-        "tilestored [{c} + {s}*1 + 7168], tmm6",
-        "tilestored [{c} + {s}*1 + 8192], tmm7",
         a = in(reg) a,
-        p2 = in(reg) p[0],
-        p1 = in(reg) p[1],
-        p0 = in(reg) p[2],
+        ph = in(reg) p[0],
+        pl = in(reg) p[1],
         s = in(reg) 64usize,
         c = in(reg) c,
         options(nostack),
@@ -211,7 +188,7 @@ unsafe fn kernel<const BITS: u32, const S: usize, const R: usize>(
         d.resize(nb * pass, 0.0);
         let cfg = config(S);
         asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
-        let mut c = Planes::<R>([[[0; TILE * TILE]; R]; 3]);
+        let mut c = Planes::<R>([[[0; TILE * TILE]; R]; 2]);
         for r0 in (0..rows).step_by(pass) {
             let nr = pass.min(rows - r0);
             unpack::<BITS, S>(&weights[r0 * rb..(r0 + nr) * rb], nr, nb, a, d, pass);
@@ -224,9 +201,8 @@ unsafe fn kernel<const BITS: u32, const S: usize, const R: usize>(
                     let ap = a.as_ptr().add(b * pass * bpw);
                     let at = gb * TILE * bpw;
                     let planes = [
-                        acts.b2.as_ptr().add(at) as *const u8,
-                        acts.b1.as_ptr().add(at),
-                        acts.b0.as_ptr().add(at),
+                        acts.hi.as_ptr().add(at) as *const u8,
+                        acts.lo.as_ptr().add(at),
                     ];
                     let cp = c.0.as_mut_ptr() as *mut i32;
                     if S == 5 {
@@ -239,7 +215,7 @@ unsafe fn kernel<const BITS: u32, const S: usize, const R: usize>(
                     for (i, fi) in f.iter_mut().enumerate().take(live) {
                         for (r, fr) in fi.iter_mut().enumerate() {
                             let at = r * TILE;
-                            let planes = [0, 1, 2].map(|p| c.0[p][i].as_ptr().add(at));
+                            let planes = [0, 1].map(|p| c.0[p][i].as_ptr().add(at));
                             *fr = accumulate(planes, *db.add(i * TILE + r), sx, *fr);
                         }
                     }

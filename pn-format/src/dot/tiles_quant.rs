@@ -1,5 +1,5 @@
-//! Quantizing input rows into [`super::tiles::TileActs`]' layout: 24-bit integers per block, in
-//! AMX tile order.
+//! Quantizing input rows into [`super::tiles::TileActs`]' layout: int16 per block (decode's
+//! [`super::PreparedI16`] rule: the same scale and the same rounded values), in AMX tile order.
 //!
 //! This runs once per prompt chunk for every distinct matmul input (for `ffn_down`, 64 x 17408
 //! values feeding one 5120-row matrix), so it must cost little next to the tile kernel: the
@@ -10,20 +10,19 @@
 use super::tiles::TILE;
 use crate::types::PnType;
 
-/// Largest `|q|`: 24-bit signed.
-pub(super) const Q_MAX: f32 = 8_388_607.0;
+/// Largest `|q|`: the int16 range of decode's [`super::PreparedI16`] (symmetric).
+pub(super) const Q_MAX: f32 = 32_767.0;
 
 /// Most values per block (pn3t).
 const MAX_BPW: usize = 80;
 
 /// One part of a [`super::tiles::TileActs`] being filled: the `[group][block]` entries
-/// `first..first + sx.len() / TILE` of its four buffers (same layouts, starting at entry
+/// `first..first + sx.len() / TILE` of its three buffers (same layouts, starting at entry
 /// `first`).
 pub(super) struct Piece<'a> {
     pub(super) first: usize,
-    pub(super) b2: &'a mut [i8],
-    pub(super) b1: &'a mut [u8],
-    pub(super) b0: &'a mut [u8],
+    pub(super) hi: &'a mut [i8],
+    pub(super) lo: &'a mut [u8],
     pub(super) sx: &'a mut [f32],
 }
 
@@ -62,7 +61,7 @@ fn block_scale(xb: &[f32]) -> (f32, f32) {
 }
 
 /// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
-/// row) and block, the scale and the three bytes of each 24-bit `q` in tile order (`[kk / 4]
+/// row) and block, the scale and the two bytes of each int16 `q` in tile order (`[kk / 4]
 /// [input 16][kk % 4]` per `[group][block]`). Padding inputs (`t >= n`) stay zero.
 /// Non-finite values make their block's scale NaN and its `q` zero.
 pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
@@ -87,9 +86,8 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
             for (r, w) in q[..bpw].chunks_exact(4).enumerate() {
                 let at = base + r * 4 * TILE;
                 let w: [i32; 4] = [w[0], w[1], w[2], w[3]];
-                p.b2[at..at + 4].copy_from_slice(&w.map(|v| (v >> 16) as i8));
-                p.b1[at..at + 4].copy_from_slice(&w.map(|v| (v >> 8) as u8));
-                p.b0[at..at + 4].copy_from_slice(&w.map(|v| v as u8));
+                p.hi[at..at + 4].copy_from_slice(&w.map(|v| (v >> 8) as i8));
+                p.lo[at..at + 4].copy_from_slice(&w.map(|v| v as u8));
             }
         }
     }
@@ -117,15 +115,14 @@ mod tests {
                 for (kk, &e) in perm.iter().enumerate().take(bpw) {
                     let q = (xb[usize::from(e)] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
                     let at = base + (kk / 4) * 4 * TILE + kk % 4;
-                    p.b2[at] = (q >> 16) as i8;
-                    p.b1[at] = (q >> 8) as u8;
-                    p.b0[at] = q as u8;
+                    p.hi[at] = (q >> 8) as i8;
+                    p.lo[at] = q as u8;
                 }
             }
         }
     }
 
-    type Bufs = (Vec<i8>, Vec<u8>, Vec<u8>, Vec<f32>);
+    type Bufs = (Vec<i8>, Vec<u8>, Vec<f32>);
 
     fn run(
         f: fn(PnType, &[f32], usize, usize, &mut Piece<'_>),
@@ -140,15 +137,13 @@ mod tests {
         let mut b: Bufs = (
             vec![0; len * bpw * TILE],
             vec![0; len * bpw * TILE],
-            vec![0; len * bpw * TILE],
             vec![0.0; len * TILE],
         );
         let mut p = Piece {
             first,
-            b2: &mut b.0,
-            b1: &mut b.1,
-            b0: &mut b.2,
-            sx: &mut b.3,
+            hi: &mut b.0,
+            lo: &mut b.1,
+            sx: &mut b.2,
         };
         f(ty, x, n, nb, &mut p);
         b
@@ -167,15 +162,7 @@ mod tests {
             Q_MAX,
             -Q_MAX,
         ];
-        vals.extend([
-            Q_MAX - 0.5,
-            4_194_304.5,
-            -4_194_303.5,
-            0.0,
-            -0.0,
-            1e-30,
-            f32::NAN,
-        ]);
+        vals.extend([Q_MAX - 0.5, 16_383.5, -16_382.5, 0.0, -0.0, 1e-30, f32::NAN]);
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..200_000 {
             s ^= s << 13;
@@ -221,12 +208,8 @@ mod tests {
                 for (first, len) in [(0, total), (total / 2, total - total / 2), (total - 1, 1)] {
                     let want = run(reference, ty, &x, n, nb, first, len);
                     let got = run(quantize_blocks, ty, &x, n, nb, first, len);
-                    assert_eq!(
-                        (&got.0, &got.1, &got.2),
-                        (&want.0, &want.1, &want.2),
-                        "{ty} n {n} nb {nb}"
-                    );
-                    for (g, w) in got.3.iter().zip(&want.3) {
+                    assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{ty} n {n} nb {nb}");
+                    for (g, w) in got.2.iter().zip(&want.2) {
                         assert_eq!(g.to_bits(), w.to_bits(), "{ty} n {n} nb {nb}");
                     }
                 }

@@ -72,15 +72,21 @@ impl CpuBackend {
         }
         let targets = &targets[..outs.len()];
         let direct = rows < self.decode_rows_min;
-        // Many rows on a CPU with AMX: PN rows in 16 x 16 tiles against 24-bit activations (the
-        // numerics of the f32 decode-once path they replace, at a fraction of its cost).
-        let pn_tiled =
-            !direct && rows >= pn_format::dot::TILED_ROWS_MIN && pn_format::dot::amx_available();
+        // Many rows on a CPU with AMX: PN rows in 16 x 16 tiles against decode's int16
+        // activations (the same integer block sums as decoding each row alone).
+        let amx = pn_format::dot::amx_available();
+        let pn_tiled = !direct && rows >= pn_format::dot::TILED_ROWS_MIN && amx;
+        // Many rows without AMX: PN rows still take the fused int16 kernels (weight row tiles
+        // in L2, 8 input rows per pass), not decode-once: faster at every row count (27B-shaped
+        // pp64, 2 threads, alternated: 1.37 / 1.63 against 1.24 / 1.23 tok/s on AVX2, 2.42 /
+        // 1.51 against 1.44 / 1.34 on AVX-512 without AMX), and every prompt row gets decode's
+        // own numerics.
+        let pn_direct = direct || !amx;
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
         let mut small_guard = None;
         let mut tile_guard = None;
-        if direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+        if pn_direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
             let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
             for ty in PnType::ALL {
                 let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
@@ -164,7 +170,12 @@ impl CpuBackend {
                 RowKind::Pn(ty) => pn_tiles.and_then(|t| t[pn_index(ty)].as_ref()),
                 RowKind::Stock(_) => None,
             };
-            let r = match (direct, w.kind, pn_acts) {
+            let takes_direct = if matches!(w.kind, RowKind::Pn(_)) {
+                pn_direct
+            } else {
+                direct
+            };
+            let r = match (takes_direct, w.kind, pn_acts) {
                 (false, RowKind::Pn(ty), _) if tiles.is_some() => {
                     tiles.map_or(Ok(()), |t| matmul_pn_tiled(w, ty, t, *y, range))
                 }

@@ -38,7 +38,7 @@ pub struct CpuBackend {
     /// Activations prepared for PN rows (int16 per block), per PN type and input row; reused
     /// across calls so the buffers are allocated once.
     pn_acts: Mutex<[Vec<PreparedI16>; 2]>,
-    /// Activations quantized to 24 bits in AMX tile order, per PN type, for many-row calls on
+    /// Activations quantized to int16 (decode's rule) in AMX tile order, per PN type, for many-row calls on
     /// a CPU with AMX; reused across calls like `pn_acts`.
     pn_tiles: Mutex<[Option<TileActs>; 2]>,
     /// The prepared activations of a few-row pass (the MTP verify) as AMX byte tiles, per PN
@@ -104,8 +104,9 @@ impl CpuBackend {
 
     /// Sets the input-row count from which quantized matrix rows are decoded to f32 once and
     /// reused (below it: fused multi-vector dot products; at or above it PN rows on a CPU with
-    /// AMX are multiplied in tiles instead). For benchmarks and tests that compare the paths;
-    /// the default is tuned for decode and speculative verification.
+    /// AMX are multiplied in tiles instead; without AMX, PN rows always take the fused
+    /// kernels). For benchmarks and tests that compare the paths; the default is tuned for
+    /// decode and speculative verification.
     pub fn set_decode_rows_min(&mut self, rows: usize) {
         self.decode_rows_min = rows.max(1);
     }
