@@ -104,9 +104,9 @@ pub fn refine_rows(
         };
         for _ in 0..rounds {
             let mut changed = false;
-            for b in 0..k / g {
+            for (b, sb) in scales.iter_mut().enumerate() {
                 let a = b * g;
-                let s = scales[b];
+                let s = *sb;
                 if s == 0.0 {
                     continue;
                 }
@@ -131,14 +131,14 @@ pub fn refine_rows(
                                 push(&mut he, &mut e, a + i, ds * vi);
                             }
                         }
-                        scales[b] = s_new;
+                        *sb = s_new;
                         gain -= delta;
                         st.scales += 1;
                         changed = true;
                     }
                 }
                 // 2. Each code at the block's (new) scale.
-                let s = scales[b];
+                let s = *sb;
                 for j in a..a + g {
                     let hjj = hd(j, j);
                     if hjj <= 0.0 {
