@@ -37,6 +37,7 @@ pub mod dot;
 mod error;
 pub mod gptq;
 pub mod gptq_linalg;
+pub mod gptq_refine;
 pub mod hadamard;
 mod isa;
 mod parallel;

@@ -433,8 +433,9 @@ const SAME_SIZE_FIXED: [&str; 4] = [
 /// Model level, on the validation tokens (`tokens_val.json`, from `functools.py`, a validation
 /// file; the calibration text is the training-split `heapq.py`), the same-size comparison made
 /// fair: both mixes get the same `output` (Q6_K) and `token_embd` (Q4_K) stand-ins and the
-/// same byte budget, nominal bytes for the stand-ins in both; the PN mix (`P0k@B`) spends it up
-/// pn3t -> pn4t -> Q8_0, the K-quant mix (`q3k-m@B`, llama.cpp's Q3_K_M recipe) up Q3_K ->
+/// same byte budget, nominal bytes for the stand-ins in both; the PN mix (`P0kK@B`) spends it up
+/// pn3t -> pn4t -> Q5_K -> Q6_K -> Q8_0 (the K mix's upper rungs, stand-ins by the same rule),
+/// the K-quant mix (`q3k-m@B`, llama.cpp's Q3_K_M recipe) up Q3_K ->
 /// Q6_K, both ranked by the same imatrix-weighted error and every stock tensor
 /// imatrix-weighted. PN with GPTQ beats PN with the reference quantizer and the K-quant mix on
 /// mean KL against F16 and on top-1 agreement. Slow (an imatrix and three quantizations):
@@ -461,7 +462,7 @@ fn gptq_beats_ref_and_same_size_q3k_m_imatrix_at_model_level() {
         s(&imat),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let pn_mix = format!("P0k@{SAME_SIZE_BUDGET}");
+    let pn_mix = format!("P0kK@{SAME_SIZE_BUDGET}");
     let k_mix = format!("q3k-m@{SAME_SIZE_BUDGET}");
     let mut pn_args = vec![
         "--mix",

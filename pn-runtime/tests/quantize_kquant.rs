@@ -316,6 +316,46 @@ fn p0k_budget_climbs_the_pn_ladder_around_fixed_tensors() {
     let k = run("k.gguf", &format!("q3k-m@{budget}"));
     check_fixed(&k);
     assert!(bytes_per_weight(&k, &input) <= budget + 1e-6);
+    // `P0kK@B`: the same climb with the K mix's rungs between pn4t and Q8_0, stand-ins (this
+    // model's K is no multiple of 256) counted at their nominal size as the K mix counts them.
+    let kmix = Mix::parse(&format!("P0kK@{budget}")).unwrap().to_string();
+    let upk = run("upk.gguf", &kmix);
+    check_fixed(&upk);
+    assert_eq!(upk.mix, kmix);
+    let bk = bytes_per_weight(&upk, &input);
+    assert!(
+        bk <= budget + 1e-6 && bk > b4,
+        "{b4} -> {bk} (budget {budget})"
+    );
+    let kladder = ["pn3t", "pn4t", "q5_K", "q6_K", "q8_0"];
+    let krank = |t: &str| kladder.iter().position(|x| *x == t);
+    let mut kq = 0;
+    for t in &upk.tensors {
+        let was = ty_of(&base, &t.name);
+        if t.ty == was {
+            continue;
+        }
+        let steps = upk.promoted.iter().filter(|p| **p == t.name).count();
+        assert_eq!(
+            Some(steps),
+            krank(t.ty).zip(krank(was)).map(|(a, b)| a - b),
+            "{} {was} -> {}",
+            t.name,
+            t.ty
+        );
+        if matches!(t.ty, "q5_K" | "q6_K") {
+            kq += 1;
+            let bb = if t.ty == "q5_K" { 176 } else { 210 };
+            // Real where the block tiles K, else a stand-in at the K-quant's nominal size.
+            assert!(
+                t.nominal_bytes == t.params * bb / 256
+                    && (t.simulated || t.bytes == t.nominal_bytes),
+                "{}",
+                t.name
+            );
+        }
+    }
+    assert!(kq > 0, "no pn4t -> q5_K step within {budget}");
     // Overrides that cannot apply name the tensor and say why.
     for (name, ty, why) in [
         (

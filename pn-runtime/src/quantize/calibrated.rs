@@ -53,8 +53,16 @@ impl Method {
 pub enum Calibrated<'a> {
     /// Importance per rotated column `[k]`.
     Weights(&'a [f32]),
-    /// The factored Hessian of the tensor's input (rotated basis).
-    Gptq(&'a GptqFactor),
+    /// GPTQ against the factored Hessian of the tensor's input (rotated basis), then
+    /// `refine` rounds of [`pn_format::gptq_refine`] against the Hessian itself.
+    Gptq {
+        /// The factor of the damped Hessian.
+        factor: &'a GptqFactor,
+        /// The Hessian `[k, k]` (undamped; the factor's damping is added back).
+        hessian: &'a [f64],
+        /// Refinement rounds (0: plain GPTQ).
+        refine: usize,
+    },
 }
 
 /// The importance of each rotated column from an original-basis imatrix `imp` `[k]`: the
@@ -185,7 +193,17 @@ fn encode_rows(
     dst: &mut [u8],
 ) -> Result<(), pn_format::PnError> {
     match how {
-        Calibrated::Gptq(f) => pn_format::gptq::quantize_rows_gptq(pn, f, w, dst),
+        Calibrated::Gptq {
+            factor,
+            hessian,
+            refine,
+        } => {
+            pn_format::gptq::quantize_rows_gptq(pn, factor, w, dst)?;
+            if *refine > 0 {
+                pn_format::gptq_refine::refine_rows(pn, hessian, factor.damp(), w, dst, *refine)?;
+            }
+            Ok(())
+        }
         Calibrated::Weights(imp) => {
             let k = imp.len();
             let orb = dst.len() / (w.len() / k.max(1)).max(1);
@@ -220,6 +238,9 @@ pub struct CalibRun {
     pub damp: f64,
     /// Measure each GPTQ tensor's Hessian-weighted error (`--report`).
     pub report: bool,
+    /// Refinement rounds after each GPTQ pass ([`pn_format::gptq_refine`]; `PN_GPTQ_REFINE`
+    /// overrides the default [`pn_format::gptq_refine::DEFAULT_ROUNDS`], 0 turns it off).
+    pub refine: usize,
     /// Factored Hessians of the current layer by input index, with how many tensors still use
     /// each.
     factors: std::collections::HashMap<usize, (std::sync::Arc<GptqFactor>, usize)>,
@@ -243,6 +264,10 @@ impl CalibRun {
             rotation,
             damp,
             report: false,
+            refine: std::env::var("PN_GPTQ_REFINE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(pn_format::gptq_refine::DEFAULT_ROUNDS),
             factors: Default::default(),
             factors_layer: None,
         }
@@ -307,6 +332,7 @@ impl CalibRun {
                     Some(stats) => {
                         let job = GptqJob {
                             damp: self.damp,
+                            refine: self.refine,
                             report: self.report,
                             input,
                             enc,
@@ -329,6 +355,7 @@ impl CalibRun {
 /// input rows, the encoder and the workers.
 struct GptqJob<'a> {
     damp: f64,
+    refine: usize,
     report: bool,
     input: &'a InputRows<'a>,
     enc: &'a RowEncoder,
@@ -344,6 +371,7 @@ fn gptq_encode(
 ) -> Result<Option<(Vec<u8>, ErrStats)>, QuantizeError> {
     let GptqJob {
         damp,
+        refine: _,
         report,
         input,
         enc,
@@ -370,7 +398,12 @@ fn gptq_encode(
         }
     };
     let hessian = report.then_some(h.as_slice());
-    let r = encode_tensor(input, enc, &Calibrated::Gptq(&entry.0), workers, hessian)?;
+    let how = Calibrated::Gptq {
+        factor: &entry.0,
+        hessian: h,
+        refine: job.refine,
+    };
+    let r = encode_tensor(input, enc, &how, workers, hessian)?;
     // Keep the factor until every weight sharing the input is done.
     if entry.1 > 1 {
         factors.insert(idx, (entry.0, entry.1 - 1));

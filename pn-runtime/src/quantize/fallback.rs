@@ -35,7 +35,9 @@ impl FallbackPolicy {
     /// The default for a mix: real types for the PN mixes, simulation for the stock baselines.
     pub fn default_for(kind: MixKind) -> FallbackPolicy {
         match kind {
-            MixKind::P0k | MixKind::P0kBudget(_) | MixKind::AllPn4t => FallbackPolicy::Real,
+            MixKind::P0k | MixKind::P0kBudget(_) | MixKind::P0kKBudget(_) | MixKind::AllPn4t => {
+                FallbackPolicy::Real
+            }
             MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_) | MixKind::AllStock(_) => {
                 FallbackPolicy::Simulate
             }

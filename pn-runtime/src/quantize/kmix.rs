@@ -75,6 +75,14 @@ pub enum Ladder {
     KQuant,
     /// pn3t -> pn4t -> Q8_0 (the PN mixes' types; Q8_0 is stored unrotated).
     Pn,
+    /// pn3t -> pn4t -> Q5_K -> Q6_K -> Q8_0: the PN ladder with the K mix's upper rungs, for
+    /// the tensors whose K the K-quant block tiles, or (`simulate`, the K mix's stand-in rule
+    /// `--kquant-fallback simulate`) as F32 stand-ins counted at their nominal size. A rung
+    /// that cannot hold the tensor is stepped over.
+    PnK {
+        /// Whether an untiled K-quant rung is an F32 stand-in (else it is stepped over).
+        simulate: bool,
+    },
 }
 
 impl Ladder {
@@ -84,8 +92,45 @@ impl Ladder {
             (Ladder::KQuant, Target::Stock(ty)) => step_up(ty).map(Target::Stock),
             (Ladder::Pn, Target::Pn3t) => Some(Target::Pn4t),
             (Ladder::Pn, Target::Pn4t) => Some(Target::Stock(GgmlType::Q8_0)),
+            (Ladder::PnK { .. }, Target::Pn3t) => Some(Target::Pn4t),
+            (Ladder::PnK { .. }, Target::Pn4t) => Some(Target::Stock(GgmlType::Q5K)),
+            (Ladder::PnK { .. }, Target::Stock(GgmlType::Q5K)) => {
+                Some(Target::Stock(GgmlType::Q6K))
+            }
+            (Ladder::PnK { .. }, Target::Stock(GgmlType::Q6K)) => {
+                Some(Target::Stock(GgmlType::Q8_0))
+            }
             _ => None,
         }
+    }
+}
+
+/// `t` retargeted one step up `ladder` ([`retarget`]), `None` if that rung cannot hold it. On
+/// [`Ladder::PnK`] the first rung above that can hold it (with `simulate`, an untiled K-quant
+/// rung as an F32 stand-in, as the K mix stores it).
+pub fn next_step(ladder: Ladder, t: &TensorPlan, rotation: Option<usize>) -> Option<TensorPlan> {
+    let mut to = ladder.next(t.encoder.target)?;
+    if !matches!(ladder, Ladder::PnK { .. }) {
+        return retarget(t, to, rotation);
+    }
+    loop {
+        let sim = matches!(ladder, Ladder::PnK { simulate: true })
+            && matches!(to, Target::Stock(GgmlType::Q5K | GgmlType::Q6K));
+        let p = if sim && !t.encoder.k.is_multiple_of(to.ggml().block_size()) {
+            retarget(t, to, rotation).or_else(|| {
+                let mut p = t.clone();
+                p.encoder.target = to;
+                p.encoder.rotation = None;
+                p.encoder.simulated = true;
+                Some(p)
+            })
+        } else {
+            retarget(t, to, rotation)
+        };
+        if p.is_some() {
+            return p;
+        }
+        to = ladder.next(to)?;
     }
 }
 
@@ -188,11 +233,7 @@ pub fn climb(
         let mut took = None;
         for (pos, &(rel, i)) in scored.iter().enumerate() {
             let t = &plan.tensors[i];
-            let from = t.encoder.target;
-            let Some(to) = ladder.next(from) else {
-                continue;
-            };
-            let Some(probe) = retarget(t, to, rotation) else {
+            let Some(probe) = next_step(ladder, t, rotation) else {
                 continue;
             };
             let new_bytes = bytes - t.nominal_bytes() + probe.nominal_bytes();
@@ -219,7 +260,7 @@ pub fn climb(
             to: to.ggml(),
             rel,
         });
-        if ladder.next(to).is_some() {
+        if next_step(ladder, &plan.tensors[i], rotation).is_some() {
             scored[pos].0 = measure(&plan.tensors[i])?.rel_weighted();
         } else {
             scored.remove(pos);

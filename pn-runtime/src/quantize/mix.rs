@@ -161,6 +161,11 @@ pub enum MixKind {
     /// ([`super::kmix::Ladder::Pn`]) while the bytes per 2-D weight stay at or under this many
     /// millionths of a byte: `P0k@0.609`, the PN side of a same-size comparison.
     P0kBudget(u32),
+    /// As [`MixKind::P0kBudget`], on the PN ladder with the K mix's upper rungs pn3t -> pn4t ->
+    /// Q5_K -> Q6_K -> Q8_0 ([`super::kmix::Ladder::PnK`]): `P0kK@0.609`. The K-quant rungs
+    /// follow `--kquant-fallback` as the K mix's tensors do (a stand-in counted at its nominal
+    /// size under `simulate`, stepped over under `real`).
+    P0kKBudget(u32),
     /// Every PN tensor pn4t (no pn3t, nothing to promote).
     AllPn4t,
     /// The stock stand-in of P0k at about the same size: Q3_K where P0k has pn3t, Q4_K where it
@@ -194,7 +199,8 @@ impl Mix {
         }
     }
 
-    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `P0k@BYTES_PER_WEIGHT`, `pn4t`,
+    /// Parses a mix name: `P0k+N`, `P0k` (no promotion), `P0k@BYTES_PER_WEIGHT`,
+    /// `P0kK@BYTES_PER_WEIGHT`, `pn4t`,
     /// `q3k-like`, `q3k-m+N`, `q3k-m@BYTES_PER_WEIGHT`, `all-q3_K`, `all-q4_K`, `all-q8_0`
     /// (case-insensitive).
     pub fn parse(name: &str) -> Result<Mix, QuantizeError> {
@@ -219,6 +225,9 @@ impl Mix {
             "all-q8_0" | "all-q8" => kind_only(MixKind::AllStock(GgmlType::Q8_0)),
             _ if lower.starts_with("q3k-m@") => {
                 kind_only(MixKind::Q3kMBudget(budget(&lower["q3k-m@".len()..])?))
+            }
+            _ if lower.starts_with("p0kk@") => {
+                kind_only(MixKind::P0kKBudget(budget(&lower["p0kk@".len()..])?))
             }
             _ if lower.starts_with("p0k@") => {
                 kind_only(MixKind::P0kBudget(budget(&lower["p0k@".len()..])?))
@@ -261,8 +270,14 @@ impl Mix {
             (_, Role::TokenEmbd) => stock(G::Q3K),
             (_, Role::Output) => stock(G::Q4K),
             (_, Role::SsmAlphaBeta) => stock(G::Q8_0),
-            (MixKind::P0k | MixKind::P0kBudget(_), Role::ResidualReader) => Target::Pn3t,
-            (MixKind::P0k | MixKind::P0kBudget(_) | MixKind::AllPn4t, _) => Target::Pn4t,
+            (
+                MixKind::P0k | MixKind::P0kBudget(_) | MixKind::P0kKBudget(_),
+                Role::ResidualReader,
+            ) => Target::Pn3t,
+            (
+                MixKind::P0k | MixKind::P0kBudget(_) | MixKind::P0kKBudget(_) | MixKind::AllPn4t,
+                _,
+            ) => Target::Pn4t,
             // The q3k-m recipe is per tensor name (`kmix::recipe_type`); by role it starts as
             // q3k-like.
             (MixKind::Q3kLike | MixKind::Q3kM | MixKind::Q3kMBudget(_), Role::ResidualReader) => {
@@ -279,6 +294,7 @@ impl fmt::Display for Mix {
             MixKind::P0k if self.promote == 0 => write!(f, "P0k"),
             MixKind::P0k => write!(f, "P0k+{}", self.promote),
             MixKind::P0kBudget(b) => write!(f, "P0k@{}", f64::from(b) / 1e6),
+            MixKind::P0kKBudget(b) => write!(f, "P0kK@{}", f64::from(b) / 1e6),
             MixKind::AllPn4t => write!(f, "pn4t"),
             MixKind::Q3kLike => write!(f, "q3k-like"),
             MixKind::Q3kM => write!(f, "q3k-m+{}", self.promote),
@@ -338,6 +354,7 @@ mod tests {
             "q3k-m+7",
             "q3k-m@0.609",
             "P0k@0.609",
+            "P0kK@0.609",
         ] {
             let m = Mix::parse(n).unwrap();
             assert_eq!(Mix::parse(&m.to_string()).unwrap(), m, "{n}");
@@ -356,6 +373,10 @@ mod tests {
         assert_eq!(pb.target(Role::OtherK), Target::Pn4t);
         assert_eq!(pb.effective_promote(), 0);
         assert!(Mix::parse("p0k@0").is_err() && Mix::parse("p0k@").is_err());
+        let pk = Mix::parse("P0kK@0.5").unwrap();
+        assert_eq!(pk.kind, MixKind::P0kKBudget(500_000));
+        assert_eq!(pk.target(Role::ResidualReader), Target::Pn3t);
+        assert!(Mix::parse("p0kk@x").is_err());
         assert_eq!(Mix::p0k19().target(Role::ResidualReader), Target::Pn3t);
         assert_eq!(Mix::p0k19().target(Role::AttnKv), Target::Pn4t);
         assert_eq!(

@@ -230,7 +230,7 @@ pub fn quantize_model(
         cancel,
     };
     resolve_fallbacks(&pass, &mut plan)?;
-    let climbed = climb_ladder(&pass, &mut plan, &mix, importance.as_ref())?;
+    let climbed = climb_ladder(&pass, &mut plan, (&mix, policy), importance.as_ref())?;
     let ranking = Ranking {
         output: &opts.output,
         n: mix.effective_promote(),
@@ -582,7 +582,7 @@ fn resolve_fallbacks(pass: &Pass<'_>, plan: &mut plan::ModelPlan) -> Result<(), 
 fn climb_ladder(
     pass: &Pass<'_>,
     plan: &mut plan::ModelPlan,
-    mix: &Mix,
+    (mix, policy): (&Mix, FallbackPolicy),
     importance: Option<&imatrix::Importance>,
 ) -> Result<Option<Vec<kmix::Step>>, QuantizeError> {
     let (limit, ladder) = match mix.kind {
@@ -592,6 +592,12 @@ fn climb_ladder(
             kmix::Ladder::KQuant,
         ),
         MixKind::P0kBudget(b) => (kmix::Climb::Budget(f64::from(b) / 1e6), kmix::Ladder::Pn),
+        MixKind::P0kKBudget(b) => (
+            kmix::Climb::Budget(f64::from(b) / 1e6),
+            kmix::Ladder::PnK {
+                simulate: policy == FallbackPolicy::Simulate,
+            },
+        ),
         _ => return Ok(None),
     };
     (pass.progress)(Progress::Phase {

@@ -17,7 +17,8 @@ pub struct Args {
     /// Output GGUF (refused if it exists, unless --force).
     pub output: PathBuf,
     /// Type mix: P0k+N (default P0k+19), P0k (no promotion), P0k@B (steps up pn3t -> pn4t ->
-    /// q8_0 up to B bytes per 2-D weight), pn4t, q3k-like, q3k-m+N
+    /// q8_0 up to B bytes per 2-D weight), P0kK@B (the same with the rungs pn4t -> q5_K ->
+    /// q6_K -> q8_0), pn4t, q3k-like, q3k-m+N
     /// (llama.cpp's Q3_K_M recipe + N measured K-quant steps), q3k-m@B (steps up to B bytes
     /// per 2-D weight), all-q3_K, all-q4_K, all-q8_0.
     #[arg(long, default_value = "P0k+19")]
@@ -142,6 +143,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // step), the other PN mixes from pn3t to pn4t.
         let to = if summary.mix.starts_with("q3k-m") {
             "one K-quant step up"
+        } else if summary.mix.starts_with("P0kK@") {
+            "one step up pn3t -> pn4t -> q5_K -> q6_K -> q8_0"
         } else if summary.mix.contains('@') {
             "one step up pn3t -> pn4t -> q8_0"
         } else {
