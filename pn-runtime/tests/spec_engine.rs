@@ -252,7 +252,12 @@ fn check_consistent_after(engine: &Engine, prompt: &[u32], emitted: &[u32], s: &
         .zip(&want)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(diff < 1e-4, "logits differ by {diff}");
+    // Not bit-exact where the CPU has AMX: the plain session's prompt goes through the PN tiles,
+    // which take decode's int16 activations and integer block sums but sum blocks in another f32
+    // order, and a last-bit change upstream can move an int16 activation by one step (logits
+    // then differ by ~1e-4; a wrong state or rollback moves them by far more than 1e-3).
+    // Without AMX every pass takes the same fused kernels and the logits are bit-identical.
+    assert!(diff < 5e-4, "logits differ by {diff}");
 }
 
 fn forced_session(engine: &Engine, truth: &[u32]) -> Session {
