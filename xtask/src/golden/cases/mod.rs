@@ -107,7 +107,9 @@ pub fn all() -> Vec<Case> {
         case(
             "tiny/pn3-quantized",
             Cpu,
-            Tolerance::Abs(1e-4),
+            // Prompt rows take decode's int16 activations (AMX tiles or the fused kernels):
+            // 4.5e-4 from the snapshot's f32-precision prefill, machine-dependent in f32 order.
+            Tolerance::Abs(2e-3),
             model::tiny_pn3,
         ),
         case("demo/transcripts", Cpu, Tolerance::Exact, |c| {
