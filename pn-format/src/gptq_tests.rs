@@ -86,24 +86,58 @@ fn factor_inverts_the_damped_hessian() {
     }
 }
 
+/// The shared setup of the held-out tests: 24 rows of 4 blocks, the Gram matrices of a
+/// calibration (`h`) and a held-out (`hv`) input set, random weights and their GPTQ result.
+struct Fixture {
+    k: usize,
+    rows: usize,
+    h: Vec<f64>,
+    hv: Vec<f64>,
+    w: Vec<f32>,
+    f: GptqFactor,
+    rb: usize,
+    q: Vec<u8>,
+}
+
+fn fixture(ty: PnType) -> Fixture {
+    let k = ty.weights_per_block() * 4;
+    let rows = 24;
+    let h = gram(&inputs(400, k, 5), k);
+    let hv = gram(&inputs(400, k, 77), k);
+    let mut rng = Rng(8);
+    let w: Vec<f32> = (0..rows * k).map(|_| (rng.next() * 0.1) as f32).collect();
+    let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
+    let rb = k / ty.weights_per_block() * BLOCK_BYTES;
+    let mut q = vec![0u8; rows * rb];
+    quantize_rows_gptq(ty, &f, &w, &mut q).unwrap();
+    Fixture {
+        k,
+        rows,
+        h,
+        hv,
+        w,
+        f,
+        rb,
+        q,
+    }
+}
+
 /// On held-out inputs of the same distribution, error feedback has less output error than the
 /// reference's round to nearest, for both types; the blocks are valid and the result does not
 /// depend on how rows are split.
 #[test]
 fn gptq_beats_reference_on_held_out_inputs() {
     for ty in PnType::ALL {
-        let k = ty.weights_per_block() * 4;
-        let rows = 24;
-        let calib = inputs(400, k, 5);
-        let held = inputs(400, k, 77);
-        let h = gram(&calib, k);
-        let hv = gram(&held, k);
-        let mut rng = Rng(8);
-        let w: Vec<f32> = (0..rows * k).map(|_| (rng.next() * 0.1) as f32).collect();
-        let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
-        let rb = k / ty.weights_per_block() * BLOCK_BYTES;
-        let mut q = vec![0u8; rows * rb];
-        quantize_rows_gptq(ty, &f, &w, &mut q).unwrap();
+        let Fixture {
+            k,
+            rows,
+            hv,
+            w,
+            f,
+            rb,
+            q,
+            ..
+        } = fixture(ty);
         for r in q.chunks_exact(rb) {
             validate_row(ty, r).unwrap();
         }
@@ -490,16 +524,16 @@ fn gptq_27b_layer_timing() {
 fn refinement_lowers_the_output_error_gptq_left() {
     use crate::gptq_refine::refine_rows;
     for ty in PnType::ALL {
-        let k = ty.weights_per_block() * 4;
-        let rows = 24;
-        let h = gram(&inputs(400, k, 5), k);
-        let hv = gram(&inputs(400, k, 77), k);
-        let mut rng = Rng(8);
-        let w: Vec<f32> = (0..rows * k).map(|_| (rng.next() * 0.1) as f32).collect();
-        let f = GptqFactor::new(&h, k, DEFAULT_DAMP).unwrap();
-        let rb = k / ty.weights_per_block() * BLOCK_BYTES;
-        let mut q = vec![0u8; rows * rb];
-        quantize_rows_gptq(ty, &f, &w, &mut q).unwrap();
+        let Fixture {
+            k,
+            rows,
+            h,
+            hv,
+            w,
+            f,
+            rb,
+            mut q,
+        } = fixture(ty);
         let g0 = q.clone();
         let st = refine_rows(ty, &h, f.damp(), &w, &mut q, 2).unwrap();
         for r in q.chunks_exact(rb) {
