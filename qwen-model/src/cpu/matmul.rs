@@ -211,11 +211,11 @@ impl CpuBackend {
 
 /// Whether PN passes of 2..[`DECODE_ROWS_MIN`] rows (the MTP verify) of type `ty` take the
 /// few-row AMX kernel (`pn_format::dot::matvec_small`) where the CPU has AMX, instead of the
-/// fused int16 kernels. pn4t does by default: 3 rows cost 1.24-1.25x one row there against
-/// 1.90-2.02x for the fused kernel (`pn_verify` bench, 27B `ffn_down`, DRAM, 1 and 2 threads,
-/// CPU clock, load 5-7); pn3t does not (1.98-2.33x against 1.78-1.95x: its two K halves
-/// accumulate into one result tile, which serializes the tile chain).
-/// `PN_SMALL_TILES=0` turns it off, `all` on for both types (A/B runs). Cached.
+/// fused int16 kernels. Both types do by default: with one unsigned tile product per block and
+/// K step for all inputs, and the result tiles alternating by block, 3 rows cost 1.12x one row
+/// for pn3t and 0.77x for pn4t (against 1.43x and 1.46x for the fused kernel; `pn_verify`
+/// bench, 27B `ffn_up`/`ffn_down`, DRAM, 1 thread, CPU clock, load 3.6-5).
+/// `PN_SMALL_TILES=0` turns it off, `pn4t` keeps it for pn4t only (A/B runs). Cached.
 fn small_rows_tiled(ty: PnType) -> bool {
     static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| {
@@ -224,8 +224,8 @@ fn small_rows_tiled(ty: PnType) -> bool {
         }
         match std::env::var("PN_SMALL_TILES").as_deref() {
             Ok("0") => 0,
-            Ok("all") => 2,
-            _ => 1,
+            Ok("pn4t") => 1,
+            _ => 2,
         }
     });
     mode == 2 || (mode == 1 && ty == PnType::Pn4t)
