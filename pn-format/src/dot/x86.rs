@@ -227,7 +227,12 @@ unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m
 /// of arithmetic, so the kernel ran at about `1 / (1/compute + 1/read)` instead of the slower
 /// of the two (measured: 5.1 GB/s against 14.5 GB/s in L2 and an 8.6 GB/s read). Rows follow
 /// each other in a matrix, so prefetching past the end of a row fetches the next row.
-pub(super) const PREFETCH_BYTES: usize = 4096;
+/// 2 KiB rather than 4: farther ahead, the prefetched lines of a 27B matrix streaming from DRAM
+/// were partly evicted or late (`pn_decode` bench, DRAM ring, 1 thread, alternated: AVX-512
+/// pn3t 4.67/4.64 ms at 4 KiB, 3.59/3.55 at 2 KiB, 3.50/3.55 at 1.5 KiB, 3.78/3.79 at 1 KiB,
+/// 5.11/4.98 at 8 KiB; pn4t 4.56/4.49 -> 3.98/3.77; the whole 27B decode, 2 threads: 1.35/1.34
+/// -> 1.54/1.53 tokens/s).
+pub(super) const PREFETCH_BYTES: usize = 2048;
 
 /// Prefetches the cache lines of `n` blocks starting at block `b` plus [`PREFETCH_BYTES`].
 #[inline(always)]
