@@ -10,7 +10,7 @@
 //!   tiles of K step 1 (40 codes each step), shared by both parities.
 
 use super::amx::TileConfig;
-use super::tiles_small::{SmallActs, SmallGroup};
+use super::tiles_small::{SmallActs, SmallGroup, GROUP_MAX};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -196,7 +196,7 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
         let idx32 = _mm512_cvtepi64_epi32(idx_lo);
         let idx32 =
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(idx32), _mm512_cvtepi64_epi32(idx_hi));
-        let mut f = [_mm512_setzero_ps(); GROUP_MAX_REGS];
+        let mut f = [_mm512_setzero_ps(); GROUP_MAX];
         for b in 0..nb {
             let (cp, rp) = (cps[b & 1], rps[b & 1]);
             let blk = base.add(b * BLOCK_BYTES);
@@ -235,7 +235,8 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
             for (t, ft) in f.iter_mut().enumerate().take(m) {
                 let top = _mm512_load_si512(rp.add(16 * t) as *const _);
                 let low = _mm512_load_si512(rp.add(16 * (m + t)) as *const _);
-                // Exact in int32: 256 * 80 * 15 * 255 + 80 * 15 * 255 < 2^27.
+                // Exact in int32: each sum is at most 64 * 15 (pn4t) or 80 * 7 (pn3t) codes times 255,
+                // so 256 * 960 * 255 + 960 * 255 < 2^26.
                 let sum = _mm512_add_epi32(_mm512_slli_epi32::<8>(top), low);
                 let sum = _mm512_sub_epi32(sum, ones);
                 let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(g.zq[b * m + t]));
@@ -251,6 +252,3 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
     }
     asm!("tilerelease", options(nostack, nomem));
 }
-
-/// Accumulators of one group (at most [`super::tiles_small::GROUP_MAX`] inputs).
-const GROUP_MAX_REGS: usize = super::tiles_small::GROUP_MAX;
