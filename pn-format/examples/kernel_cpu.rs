@@ -4,7 +4,7 @@
 //! CPU-nanosecond for one `matvec` and for `matvec_multi` with M = 1..=8 vectors; compare with
 //! the memory read bandwidth per core to see whether a kernel is compute- or memory-bound.
 
-use pn_format::dot::{matvec_multi_with, matvec_with};
+use pn_format::dot::{matvec_multi_with, matvec_small, matvec_with, SmallActs};
 use pn_format::{Isa, PnType, PreparedI16};
 
 fn main() {
@@ -62,6 +62,28 @@ fn main() {
                     best[m] = best[m].min((cpu_ns() - t) as f64 / iters as f64);
                 }
             }
+            // The few-row AMX kernel (the verify pass), where the CPU has AMX.
+            let mut small = [f64::NAN; 9];
+            if isa == Isa::Avx512Vnni && pn_format::dot::amx_available() {
+                let mut sa = SmallActs::default();
+                for _ in 0..7 {
+                    for m in 1..=8 {
+                        sa.update(&acts[..m]).unwrap();
+                        let t = cpu_ns();
+                        for _ in 0..iters {
+                            let mut r: Vec<&mut [f32]> =
+                                outs[..m].iter_mut().map(|o| o.as_mut_slice()).collect();
+                            matvec_small(ty, &w, rows, &sa, &mut r).unwrap();
+                        }
+                        let ns = (cpu_ns() - t) as f64 / iters as f64;
+                        small[m] = if small[m].is_nan() {
+                            ns
+                        } else {
+                            small[m].min(ns)
+                        };
+                    }
+                }
+            }
             let base = best[0];
             let mut line = format!(
                 "{ty} {isa:?}: matvec {:.2} B/ns; multi:",
@@ -69,6 +91,12 @@ fn main() {
             );
             for (m, b) in best.iter().enumerate().skip(1) {
                 line += &format!(" M{m} {:.2}x", b / base);
+            }
+            if !small[1].is_nan() {
+                line += "; small:";
+                for (m, b) in small.iter().enumerate().skip(1) {
+                    line += &format!(" M{m} {:.2}x", b / base);
+                }
             }
             println!("{line}  (cost relative to one matvec)");
         }

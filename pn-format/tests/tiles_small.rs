@@ -147,3 +147,18 @@ fn bad_shapes_are_typed_errors() {
     ));
     assert!(matvec_small(ty, &w, 3, &small, &mut [&mut o0, &mut o1]).is_ok());
 }
+
+/// Rows of no blocks (`k = 0`) are zero dot products, not a fault in the pipelined block loop.
+#[test]
+fn zero_blocks_give_zeros() {
+    for ty in PnType::ALL {
+        let acts = [PreparedI16::new(ty, &[]).unwrap()];
+        let mut small = SmallActs::default();
+        small.update(&acts).unwrap();
+        for amx in [false, true] {
+            if let Some(got) = run(amx, ty, &[], 5, &small) {
+                assert_eq!(got, vec![vec![0f32; 5]], "{ty} amx {amx}");
+            }
+        }
+    }
+}
