@@ -375,6 +375,12 @@ pub trait Backend: Send + Sync {
 
     /// A zero-filled buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buf, ModelError>;
+    /// As [`Backend::alloc`], for a buffer every pass reads and writes in full (the recurrent
+    /// state): a backend whose `alloc` commits memory lazily may commit this one now. The
+    /// default is `alloc`.
+    fn alloc_dense(&self, len: usize) -> Result<Self::Buf, ModelError> {
+        self.alloc(len)
+    }
     /// Writes `src` into `dst[offset..offset + src.len()]`.
     fn upload(&self, src: &[f32], dst: &mut Self::Buf, offset: usize) -> Result<(), ModelError>;
     /// Reads `dst.len()` floats from `src[offset..]` (after every enqueued op).

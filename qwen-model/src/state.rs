@@ -187,8 +187,8 @@ impl<B: Backend> State<B> {
                         v: backend.alloc_kv(capacity * kv, v_type)?,
                     },
                     LayerKind::GatedDeltaNet => LayerState::DeltaNet(GdnState {
-                        conv: backend.alloc(cfg.gdn.conv_state_len())?,
-                        ssm: backend.alloc(cfg.gdn.state_len())?,
+                        conv: backend.alloc_dense(cfg.gdn.conv_state_len())?,
+                        ssm: backend.alloc_dense(cfg.gdn.state_len())?,
                     }),
                 })
             })

@@ -466,3 +466,42 @@ fn attention_over_f16_cache_matches_naive_on_rounded_values() {
     let d = max_diff(&out, &want);
     assert!(d < 1e-5, "f16 cache attention max diff {d}");
 }
+
+/// Resident memory of this process in KiB (`VmRSS` of `/proc/self/status`).
+#[cfg(target_os = "linux")]
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `alloc_dense` (the recurrent state) is zeroed like `alloc` and resident at once; `alloc`
+/// (workspaces, and the KV cache's `alloc_kv`) stays lazy, so an unused capacity costs no
+/// memory.
+#[cfg(target_os = "linux")]
+#[test]
+fn dense_buffers_are_zero_and_resident_lazy_ones_are_not() {
+    let be = CpuBackend::new(1);
+    for len in [0usize, 1, 1023, 1025, 5000] {
+        let v = be.alloc_dense(len).unwrap();
+        assert_eq!(v.len(), len);
+        assert!(v.iter().all(|&x| x == 0.0), "len {len}");
+    }
+    let len = 64 << 20; // floats: 256 MiB
+    let before = rss_kib();
+    let lazy = be.alloc(len).unwrap();
+    let after_lazy = rss_kib();
+    let dense = be.alloc_dense(len).unwrap();
+    let after_dense = rss_kib();
+    assert!(
+        after_lazy < before + (32 << 10),
+        "alloc committed {} KiB",
+        after_lazy - before
+    );
+    assert!(
+        after_dense > after_lazy + (200 << 10),
+        "alloc_dense committed only {} KiB",
+        after_dense.saturating_sub(after_lazy)
+    );
+    assert!(dense[len - 1] == 0.0 && lazy[len - 1] == 0.0);
+}
