@@ -18,6 +18,9 @@ use std::arch::x86_64::*;
 /// Weight rows per pass (the `B` tile width in int32 columns).
 const ROWS: usize = 16;
 
+/// The largest 16-row tile (bytes) whose successor is prefetched while it is multiplied.
+const PREFETCH_TILE_MAX: usize = 64 << 10;
+
 /// Weight bytes one run of rows should span when several input groups take turns over it
 /// (each group's pass then reads it from L2, not DRAM).
 const RUN_BYTES: usize = 1 << 20;
@@ -168,6 +171,13 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
     let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     let cps = [codes[0].0.as_mut_ptr(), codes[1].0.as_mut_ptr()];
     let rps = [res[0].0.as_mut_ptr(), res[1].0.as_mut_ptr()];
+    // The gathers read 16 rows at once, 16 streams the hardware prefetcher served poorly from
+    // DRAM: where a 16-row tile is small (pn3t at K = 5120: 34 KiB), the next one is prefetched
+    // into L2 while this one is multiplied (`pn_verify`, DRAM, 3 rows against 1, alternated:
+    // pn3t 1.22-1.27x -> 1.05-1.15x with 1 thread, 1.24-1.31x -> 1.09-1.15x with 2; the
+    // whole 27B verify pass of 3 rows 1.13-1.15x -> 1.09-1.11x one row). At pn4t's 148 KiB
+    // tiles it cost 35-45% (into L1 or L2 alike), so larger tiles go without.
+    let prefetch_next = ROWS * rb <= PREFETCH_TILE_MAX;
     for rt in (r0..r1).step_by(ROWS) {
         let nr = ROWS.min(r1 - rt);
         let base = weights.as_ptr().add(rt * rb);
@@ -206,6 +216,13 @@ unsafe fn kernel<const BITS: u32, const S: usize>(
         let unpack = |b: usize| {
             let cp = cps[b & 1];
             let blk = base.add(b * BLOCK_BYTES);
+            if prefetch_next {
+                // The next 16-row tile (contiguous, `16 rb` bytes), a block's share per block.
+                let ahead = base.wrapping_add(ROWS * rb + b * ROWS * BLOCK_BYTES);
+                for off in (0..ROWS * BLOCK_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+                }
+            }
             for q in 0..4 {
                 // Lanes 4q..4q+4 (a qword) of the 16 rows' code words.
                 let w = blk.add(2 + 8 * q) as *const i64;
