@@ -72,6 +72,8 @@ fn bench_json_parses_as_documented() {
         assert!(r["stddev_ts"].as_f64().unwrap() >= 0.0);
         assert_eq!(r["backend"], "CPU");
         assert_eq!(r["n_threads"], 2);
+        // llama-bench's default prefill step, not the engine's 64.
+        assert_eq!(r["n_ubatch"], 512);
         assert!(r["model_size"].as_u64().unwrap() > 1_000_000);
         assert!(r["model_n_params"].as_u64().unwrap() > 10_000_000);
     }
@@ -83,6 +85,17 @@ fn bench_json_parses_as_documented() {
     let tpp = rows[1]["spec_tokens_per_pass"].as_f64().unwrap();
     assert!((1.0..=3.0).contains(&tpp), "{tpp}");
     assert!(rows[0].get("spec").is_none(), "pp tests do not draft");
+}
+
+#[test]
+fn bench_ubatch_flag_sets_the_prefill_step() {
+    let out = pn(&[
+        "bench", "-p", "8", "-n", "0", "-r", "1", "-o", "json", "-t", "2", "-ub", "32", "-b", "16",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    // `-b` caps `-ub`, as in llama.cpp.
+    assert_eq!(v[0]["n_ubatch"], 16);
 }
 
 #[test]

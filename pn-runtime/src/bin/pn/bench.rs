@@ -7,11 +7,13 @@
 //!
 //! ```json
 //! [{"model": "model.gguf", "model_size": 34756896, "model_n_params": 17160000,
-//!   "backend": "CPU", "n_threads": 2, "test": "pp512", "n_prompt": 512, "n_gen": 0,
-//!   "n_depth": 0, "repetitions": 5, "avg_ts": 812.3, "stddev_ts": 4.1,
+//!   "backend": "CPU", "n_threads": 2, "n_ubatch": 512, "test": "pp512", "n_prompt": 512,
+//!   "n_gen": 0, "n_depth": 0, "repetitions": 5, "avg_ts": 812.3, "stddev_ts": 4.1,
 //!   "samples_ts": [810.0, ...], "samples_ns": [630000000, ...]}]
 //! ```
 //!
+//! Prompts are processed in steps of `-ub` tokens, on the CPU 512 by default as in llama-bench
+//! (`pn run` and `pn serve` use 64; see [`BENCH_UBATCH`]); `n_ubatch` reports the step.
 //! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
 //! the repetitions. `--parallel N` (`-np`, comma-separated) runs each tg test with N
 //! sequences decoded together in one [`Batch`] (one forward pass per step of all of them; with
@@ -117,7 +119,18 @@ pub struct Setup {
     pub backend: String,
     /// CPU threads (0 on a CUDA device).
     pub n_threads: usize,
+    /// Tokens per prefill step (`-ub`).
+    pub n_ubatch: usize,
 }
+
+/// Tokens per prefill step of `pn bench` on the CPU when `-ub` is not given: llama-bench's
+/// default `n_ubatch`, so that a pp test runs in the same steps as the peer's (CUDA keeps the
+/// engine's default until it is measured on a GPU). `pn run`, `pn chat` and
+/// `pn serve` keep the engine's 64 (one step then stays short enough for a cancel or another
+/// sequence's decode step). On the 27B shape, 2 threads, a 512-token prompt runs at 9.03
+/// tokens/s in steps of 64, 10.09 in steps of 256 and 10.08 in steps of 512 (peak RSS +0.10
+/// and +0.24 GB).
+pub const BENCH_UBATCH: usize = 512;
 
 /// The speculative decoding columns of a tg test.
 #[derive(Debug, Clone, Serialize)]
@@ -325,6 +338,9 @@ struct BatchTg {
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model_args = args.model.clone();
+    if matches!(model_args.device.parse(), Ok(pn_runtime::Device::Cpu)) {
+        model_args.ubatch_size.get_or_insert(BENCH_UBATCH);
+    }
     let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
     let max_len = args
         .n_prompt
@@ -372,6 +388,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model_n_params: engine.n_params(),
         backend: backend.into(),
         n_threads: threads,
+        n_ubatch: engine.options().batch,
     };
     let mut results = Vec::new();
     for (d, p, n, np) in tests {

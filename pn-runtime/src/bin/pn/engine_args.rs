@@ -41,7 +41,7 @@ pub struct ModelArgs {
     /// Most tokens per prefill step (-b; llama.cpp's logical batch): caps --ubatch-size.
     #[arg(short = 'b', long = "batch-size")]
     pub batch_size: Option<usize>,
-    /// Tokens per prefill step (-ub; default: the engine's, 64).
+    /// Tokens per prefill step (-ub; default 64, `pn bench` 512 as llama-bench).
     #[arg(long = "ubatch-size")]
     pub ubatch_size: Option<usize>,
     /// Lock the process's memory (the mapped model included) so it is never swapped out.
