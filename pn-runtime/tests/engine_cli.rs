@@ -72,8 +72,8 @@ fn bench_json_parses_as_documented() {
         assert!(r["stddev_ts"].as_f64().unwrap() >= 0.0);
         assert_eq!(r["backend"], "CPU");
         assert_eq!(r["n_threads"], 2);
-        // llama-bench's default prefill step, not the engine's 64.
-        assert_eq!(r["n_ubatch"], 512);
+        // The step is capped by the longest prompt or depth, but not below the engine's 64.
+        assert_eq!(r["n_ubatch"], 64);
         assert!(r["model_size"].as_u64().unwrap() > 1_000_000);
         assert!(r["model_n_params"].as_u64().unwrap() > 10_000_000);
     }
@@ -96,6 +96,18 @@ fn bench_ubatch_flag_sets_the_prefill_step() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     // `-b` caps `-ub`, as in llama.cpp.
     assert_eq!(v[0]["n_ubatch"], 16);
+    // Without `-ub`: llama-bench's 512 once a prompt is that long, else the longest prompt.
+    let out = pn(&[
+        "bench", "-p", "600", "-n", "0", "-r", "1", "-o", "json", "-t", "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v[0]["n_ubatch"], 512);
+    let out = pn(&[
+        "bench", "-p", "100", "-n", "0", "-r", "1", "-o", "json", "-t", "2",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v[0]["n_ubatch"], 100);
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Prompts are processed in steps of `-ub` tokens, on the CPU 512 by default as in llama-bench
-//! (`pn run` and `pn serve` use 64; see [`BENCH_UBATCH`]); `n_ubatch` reports the step.
+//! (capped by the run's longest prompt or depth, at least 64; `pn run` and `pn serve` use 64;
+//! see [`BENCH_UBATCH`]); `n_ubatch` reports the step.
 //! `avg_ts`/`stddev_ts` are the mean and sample standard deviation of the tokens-per-second of
 //! the repetitions. `--parallel N` (`-np`, comma-separated) runs each tg test with N
 //! sequences decoded together in one [`Batch`] (one forward pass per step of all of them; with
@@ -28,7 +29,7 @@ use pn_runtime::engine::batch::{Batch, BatchEvent, BatchOptions};
 use pn_runtime::engine::{Prompt, StopConditions};
 use pn_runtime::sampling::SamplingParams;
 use pn_runtime::speculative::SpecStats;
-use pn_runtime::Engine;
+use pn_runtime::{Engine, EngineOptions};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -125,7 +126,8 @@ pub struct Setup {
 
 /// Tokens per prefill step of `pn bench` on the CPU when `-ub` is not given: llama-bench's
 /// default `n_ubatch`, so that a pp test runs in the same steps as the peer's (CUDA keeps the
-/// engine's default until it is measured on a GPU). `pn run`, `pn chat` and
+/// engine's default until it is measured on a GPU), or the longest prompt or depth of the run
+/// where that is shorter (but never below the engine's 64). `pn run`, `pn chat` and
 /// `pn serve` keep the engine's 64 (one step then stays short enough for a cancel or another
 /// sequence's decode step). On the 27B shape, 2 threads, a 512-token prompt runs at 9.03
 /// tokens/s in steps of 64, 10.09 in steps of 256 and 10.08 in steps of 512 (peak RSS +0.10
@@ -339,7 +341,11 @@ struct BatchTg {
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model_args = args.model.clone();
     if matches!(model_args.device.parse(), Ok(pn_runtime::Device::Cpu)) {
-        model_args.ubatch_size.get_or_insert(BENCH_UBATCH);
+        // No larger than the longest prompt or depth needs (the workspace grows with the step:
+        // a tg-only run keeps the engine's 64).
+        let longest = args.n_prompt.iter().chain(&args.n_depth).copied().max();
+        let step = BENCH_UBATCH.min(longest.unwrap_or(0).max(EngineOptions::default().batch));
+        model_args.ubatch_size.get_or_insert(step);
     }
     let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
     let max_len = args
