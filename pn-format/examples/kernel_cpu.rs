@@ -63,7 +63,7 @@ fn main() {
                 }
             }
             // The few-row AMX kernel (the verify pass), where the CPU has AMX.
-            let mut small = [f64::NAN; 9];
+            let mut small = [f64::INFINITY; 9];
             if isa == Isa::Avx512Vnni && pn_format::dot::amx_available() {
                 let mut sa = SmallActs::default();
                 for _ in 0..7 {
@@ -75,12 +75,7 @@ fn main() {
                                 outs[..m].iter_mut().map(|o| o.as_mut_slice()).collect();
                             matvec_small(ty, &w, rows, &sa, &mut r).unwrap();
                         }
-                        let ns = (cpu_ns() - t) as f64 / iters as f64;
-                        small[m] = if small[m].is_nan() {
-                            ns
-                        } else {
-                            small[m].min(ns)
-                        };
+                        small[m] = small[m].min((cpu_ns() - t) as f64 / iters as f64);
                     }
                 }
             }
@@ -92,7 +87,7 @@ fn main() {
             for (m, b) in best.iter().enumerate().skip(1) {
                 line += &format!(" M{m} {:.2}x", b / base);
             }
-            if !small[1].is_nan() {
+            if small[1].is_finite() {
                 line += "; small:";
                 for (m, b) in small.iter().enumerate().skip(1) {
                     line += &format!(" M{m} {:.2}x", b / base);

@@ -212,11 +212,10 @@ impl CpuBackend {
 /// Whether PN passes of 2..[`DECODE_ROWS_MIN`] rows (the MTP verify) of type `ty` take the
 /// few-row AMX kernel (`pn_format::dot::matvec_small`) where the CPU has AMX, instead of the
 /// fused int16 kernels. Both types do by default: with one unsigned tile product per block and
-/// K step for all inputs, the result tiles alternating by block and the blocks
-/// software-pipelined and the next row tile prefetched (pn3t), 3 rows cost 1.08-1.14x one row
-/// for pn3t and 0.95-1.01x for pn4t (against
-/// 1.43x and 1.46x for the fused kernel; `pn_verify` bench, 27B `ffn_up`/`ffn_down`, DRAM, 1
-/// and 2 threads, wall clock, quiet machine).
+/// K step for all inputs, the result tiles alternating by block, the blocks software-pipelined
+/// and the next row tile prefetched (pn3t), 3 rows cost 1.08-1.14x one row for pn3t and
+/// 0.95-1.01x for pn4t (against 1.43x and 1.46x for the fused kernel; `pn_verify` bench, 27B
+/// `ffn_up`/`ffn_down`, DRAM, 1 and 2 threads, wall clock, quiet machine).
 /// `PN_SMALL_TILES=0` turns it off, `pn4t` keeps it for pn4t only (A/B runs). Cached.
 fn small_rows_tiled(ty: PnType) -> bool {
     static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();

@@ -340,21 +340,25 @@ struct BatchTg {
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model_args = args.model.clone();
+    let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
+    let max_prompt = args.n_prompt.iter().copied().max().unwrap_or(0);
+    let max_len = args
+        .n_gen
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(max_prompt);
     if matches!(model_args.device.parse(), Ok(pn_runtime::Device::Cpu)) {
         // No larger than the longest prompt or depth needs (the workspace grows with the step:
         // a tg-only run keeps the engine's 64).
-        let longest = args.n_prompt.iter().chain(&args.n_depth).copied().max();
-        let step = BENCH_UBATCH.min(longest.unwrap_or(0).max(EngineOptions::default().batch));
-        model_args.ubatch_size.get_or_insert(step);
+        let longest = max_prompt
+            .max(max_depth)
+            .max(EngineOptions::default().batch);
+        model_args
+            .ubatch_size
+            .get_or_insert(BENCH_UBATCH.min(longest));
     }
-    let max_depth = args.n_depth.iter().copied().max().unwrap_or(0);
-    let max_len = args
-        .n_prompt
-        .iter()
-        .chain(&args.n_gen)
-        .copied()
-        .max()
-        .unwrap_or(0);
     if model_args.ctx_size == 0 {
         // + room for the start token and the drafts of a speculative tg test.
         model_args.ctx_size = max_depth + max_len + 8;
