@@ -9,7 +9,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pn_format::dot::{
-    amx_available, matmul_tiled_kernel, matvec_multi, TileActs, TileKernel, MAX_ACTS,
+    matmul_tiled_kernel, matvec_multi, tiles_available, TileActs, TileKernel, MAX_ACTS,
 };
 use pn_format::{PnType, PreparedI16};
 use rand::rngs::StdRng;
@@ -42,12 +42,15 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
             })
         })
     });
-    if amx_available() {
-        // The register-blocked kernel (the default) and the one-tile kernel it replaced.
-        for (name, kernel) in [
-            ("tiled_amx", TileKernel::AmxBlocked),
-            ("tiled_amx_one_tile", TileKernel::AmxOneTile),
-        ] {
+    // The register-blocked AMX kernel (the default on AMX), the one-tile kernel it replaced,
+    // and the AVX-512 VNNI kernel (the default without AMX): each where the CPU runs it.
+    let kernels = [
+        ("tiled_amx", TileKernel::AmxBlocked),
+        ("tiled_amx_one_tile", TileKernel::AmxOneTile),
+        ("tiled_vnni", TileKernel::Vnni),
+    ];
+    if tiles_available() {
+        for (name, kernel) in kernels.into_iter().filter(|(_, k)| k.is_available()) {
             g.bench_function(name, |b| {
                 let outs = std::sync::Mutex::new(&mut outs);
                 b.iter_custom(|n| {

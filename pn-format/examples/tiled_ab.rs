@@ -1,6 +1,8 @@
 //! A/B of the tiled kernels on a loaded machine: the kernels alternate, each timed on the
 //! thread's CPU clock, and the minimum of many short runs is kept per kernel (interference only
-//! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`.
+//! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`; `PN_AB_FULL=1`
+//! takes the whole 27B `ffn_up`/`ffn_down` shapes, `PN_AB_INPUTS` the input rows (64),
+//! `PN_AB_ROWS` caps the weight rows (a matrix that stays in L2: the compute ceiling).
 
 use pn_format::dot::{
     amx_available, matmul_tiled_kernel, matvec_small, SmallActs, TileActs, TileKernel,
@@ -25,8 +27,16 @@ fn main() {
         .nth(1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(15);
-    if !amx_available() {
-        println!("no AMX");
+    let kernels: Vec<TileKernel> = [
+        TileKernel::AmxOneTile,
+        TileKernel::AmxBlocked,
+        TileKernel::Vnni,
+    ]
+    .into_iter()
+    .filter(|k| k.is_available())
+    .collect();
+    if kernels.is_empty() {
+        println!("no tile kernel (neither AMX nor AVX-512 VNNI)");
         return;
     }
     let mut s = 1u64;
@@ -42,7 +52,12 @@ fn main() {
     } else {
         [(PnType::Pn3t, 4096, 5120), (PnType::Pn4t, 1024, 17408)]
     };
+    let rows_cap: usize = std::env::var("PN_AB_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     for (ty, rows, k) in shapes {
+        let rows = rows.min(rows_cap);
         let nb = k / ty.weights_per_block();
         let mut w = vec![0u8; rows * nb * 34];
         for blk in w.chunks_exact_mut(34) {
@@ -61,13 +76,15 @@ fn main() {
                 }
             }
         }
-        let n = 64;
+        let n: usize = std::env::var("PN_AB_INPUTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
         let x: Vec<f32> = (0..n * k)
             .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
             .collect();
         let acts = TileActs::new(ty, &x, n).unwrap();
-        let kernels = [TileKernel::AmxOneTile, TileKernel::AmxBlocked];
-        let mut best = [Duration::MAX; 2];
+        let mut best = vec![Duration::MAX; kernels.len()];
         let mut outs = vec![vec![0f32; rows]; n];
         let mut first: Vec<Vec<Vec<f32>>> = Vec::new();
         for _ in 0..reps {
@@ -84,6 +101,19 @@ fn main() {
             }
         }
         assert!(first.iter().all(|o| *o == first[0]), "kernels differ");
+        let mac = (rows * k * n) as f64;
+        print!("{ty} {rows}x{k} x{n}:");
+        for (kern, b) in kernels.iter().zip(&best) {
+            print!(
+                "  {kern:?} {:.2} ms ({:.0} GMAC/s)",
+                b.as_secs_f64() * 1e3,
+                mac / b.as_secs_f64() / 1e9
+            );
+        }
+        if !amx_available() {
+            println!();
+            continue;
+        }
         // The few-row kernel (inputs in the A tile), in groups of 16 inputs.
         let prepared: Vec<PreparedI16> = x
             .chunks_exact(k)
@@ -105,15 +135,6 @@ fn main() {
                 matvec_small(ty, &w, rows, s, &mut refs).unwrap();
             }
             best_small = best_small.min(thread_cpu() - t0);
-        }
-        let mac = (rows * k * n) as f64;
-        print!("{ty} {rows}x{k} x{n}:");
-        for (kern, b) in kernels.iter().zip(best) {
-            print!(
-                "  {kern:?} {:.2} ms ({:.0} GMAC/s)",
-                b.as_secs_f64() * 1e3,
-                mac / b.as_secs_f64() / 1e9
-            );
         }
         println!(
             "  small x{} {:.2} ms ({:.0} GMAC/s)",

@@ -1,13 +1,17 @@
-//! The tiled (AMX) matrix product: AMX == its portable reference on random rows (odd block
+//! The tiled (AMX, AVX-512 VNNI) matrix product: each kernel == its portable reference on random rows (odd block
 //! counts, row counts that are not a multiple of 16, 1..=40 input rows, unaligned weights,
 //! adversarial activations; the AMX kernels bit-identical), the reference == the decode kernel
 //! (`matvec` on decode's int16 activations: the same integer block sums) within f32 rounding,
-//! and typed errors for every shape mismatch. The AMX half runs where the CPU has AMX.
+//! and typed errors for every shape mismatch. Each fast kernel's half runs where the CPU has
+//! its instructions (AMX; AVX-512 VNNI).
 
 mod common;
 
 use common::{magnitude, random_rows, Rng};
-use pn_format::dot::{amx_available, matmul_tiled_kernel, matmul_tiled_with, TileActs, TileKernel};
+use pn_format::dot::{
+    amx_available, matmul_tiled_kernel, matmul_tiled_with, vnni_tiles_available, TileActs,
+    TileKernel,
+};
 use pn_format::{matvec, PnError, PnType, PreparedI16};
 use proptest::prelude::*;
 
@@ -115,6 +119,21 @@ proptest! {
         // decode kernel keeps the zero-point term in a separate sum).
         let want = decode(ty, w, rows, &xs);
         check(1e-5, ty, w, &xs, &reference, &want, "reference vs decode")?;
+        // The AVX-512 VNNI kernel: the same integer sums per block, scaled and summed in the
+        // reference's order (bit-identical).
+        if vnni_tiles_available() {
+            let mut got = vec![vec![f32::NAN; rows]; m];
+            let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+            matmul_tiled_kernel(TileKernel::Vnni, ty, w, rows, &tiles, &mut refs).unwrap();
+            for (t, (g, r)) in got.iter().zip(&reference).enumerate() {
+                for (i, (a, b)) in g.iter().zip(r).enumerate() {
+                    prop_assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "vnni vs reference {} nb {} input {} row {}: {} vs {}", ty, nb, t, i, a, b
+                    );
+                }
+            }
+        }
         if amx_available() {
             let got = tiled(true, ty, w, rows, &tiles);
             // The same integer sums; fma vs mul-add rounding only.

@@ -17,8 +17,8 @@
 //!
 //! [`matvec_multi`] multiplies a matrix with up to [`MAX_ACTS`] int16-prepared vectors in one pass
 //! over the weights (each block unpacked once), for speculative verification and small batches;
-//! [`matmul_tiled`] multiplies it with many (prompt chunks) in 16 x 16 AMX tiles, with the same
-//! per-block integer sums.
+//! [`matmul_tiled`] multiplies it with many (prompt chunks) in 16 x 16 AMX tiles (or 16-lane
+//! AVX-512 VNNI vectors without AMX), with the same per-block integer sums.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -34,6 +34,8 @@ mod tiles_small;
 #[cfg(target_arch = "x86_64")]
 mod tiles_small_amx;
 #[cfg(target_arch = "x86_64")]
+mod tiles_vnni;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
@@ -41,7 +43,8 @@ mod x86_multi;
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
 pub use tiles::{
     amx_available, default_kernel, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with,
-    tiled_pass_rows, TileActs, TileKernel, TILE, TILED_ROWS_MIN,
+    tiled_pass_rows, tiles_available, vnni_tiles_available, TileActs, TileKernel, TILE,
+    TILED_ROWS_MIN,
 };
 pub use tiles_small::{matvec_small, matvec_small_reference, SmallActs, SMALL_MAX_ROWS};
 

@@ -1,5 +1,7 @@
 //! The tiled matrix-matrix product for many input rows (prompt chunks): `out[t][r] = dot(row r,
-//! x[t])` for 16 weight rows x 16 input rows at a time, on AMX tiles where the CPU has them.
+//! x[t])` for groups of 16 input rows at a time: on AMX tiles where the CPU has them (16 x 16),
+//! else with AVX-512 VNNI (the 16 inputs in the lanes of a vector, 8 weight rows per pass;
+//! `tiles_vnni`), else the portable reference.
 //!
 //! Activations are quantized per weight block to int16 exactly as decode quantizes them
 //! ([`super::PreparedI16`]: `x ~= sx * q`, `sx = amax / 32767`, `q` rounded half away from
@@ -41,6 +43,10 @@ pub struct TileActs {
     pub(super) lo: Vec<u8>,
     /// `[group][block][input 16]` activation scales (0 for padding inputs).
     pub(super) sx: Vec<f32>,
+    /// `[group][block][input 16]` the zero point times the block's `sum(q)` (0 for padding
+    /// inputs): the VNNI kernel multiplies the unsigned codes `n` and subtracts it to get
+    /// `sum (n - z) q`.
+    pub(super) zq: Vec<i32>,
 }
 
 /// A parallel loop: `run(n, f)` calls `f(i)` once for every `i` in `0..n`, on any threads (see
@@ -58,6 +64,7 @@ impl TileActs {
             hi: Vec::new(),
             lo: Vec::new(),
             sx: Vec::new(),
+            zq: Vec::new(),
         };
         t.update(x, n)?;
         Ok(t)
@@ -101,23 +108,28 @@ impl TileActs {
         self.hi.resize(values, 0);
         self.sx.clear();
         self.sx.resize(groups * nb * TILE, 0.0);
+        self.zq.clear();
+        self.zq.resize(groups * nb * TILE, 0);
         let total = groups * nb;
         let parts = parts.clamp(1, total.max(1));
         // Per part: its first `[group][block]` index and its slices of the three buffers.
         let mut pieces = Vec::with_capacity(parts);
-        let (mut hi, mut lo, mut sx) = (&mut self.hi[..], &mut self.lo[..], &mut self.sx[..]);
+        let (mut hi, mut lo) = (&mut self.hi[..], &mut self.lo[..]);
+        let (mut sx, mut zq) = (&mut self.sx[..], &mut self.zq[..]);
         let mut first = 0;
         for i in 0..parts {
             let len = total / parts + usize::from(i < total % parts);
             let (hh, th) = hi.split_at_mut(len * bpw * TILE);
             let (hl, tl) = lo.split_at_mut(len * bpw * TILE);
             let (hs, ts) = sx.split_at_mut(len * TILE);
-            (hi, lo, sx) = (th, tl, ts);
+            let (hz, tz) = zq.split_at_mut(len * TILE);
+            (hi, lo, sx, zq) = (th, tl, ts, tz);
             pieces.push(std::sync::Mutex::new(super::tiles_quant::Piece {
                 first,
                 hi: hh,
                 lo: hl,
                 sx: hs,
+                zq: hz,
             }));
             first += len;
         }
@@ -164,10 +176,27 @@ pub fn amx_available() -> bool {
     })
 }
 
-/// `outs[t][r] = dot(row r, acts[t])` for `rows` consecutive rows of `weights`, in 16 x 16
-/// tiles on AMX when [`amx_available`], else with the portable reference (same arithmetic, slow:
-/// callers use [`super::matvec_multi`] where AMX is missing). Single-threaded: callers split the
-/// rows into ranges.
+/// Whether the AVX-512 VNNI tile kernel ([`TileKernel::Vnni`]) can run here: the CPU has
+/// AVX-512 F/BW/VNNI, not capped away by [`crate::ISA_ENV`], and `PN_VNNI_TILES` is not `0`
+/// (for A/B runs against the fused multi-vector kernels). Cached after the first call.
+pub fn vnni_tiles_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(std::env::var("PN_VNNI_TILES").as_deref(), Ok("0"))
+            && crate::Isa::detect() >= crate::Isa::Avx512Vnni
+    })
+}
+
+/// Whether [`matmul_tiled`] runs a fast kernel here (AMX, or AVX-512 VNNI without it): where it
+/// does not, callers with many input rows use [`super::matvec_multi`] instead.
+pub fn tiles_available() -> bool {
+    default_kernel() != TileKernel::Reference
+}
+
+/// `outs[t][r] = dot(row r, acts[t])` for `rows` consecutive rows of `weights`, in tiles of 16
+/// input rows on the kernel of [`default_kernel`] (AMX, AVX-512 VNNI, or the portable
+/// reference: same arithmetic, slow, so callers use [`super::matvec_multi`] where
+/// [`tiles_available`] is false). Single-threaded: callers split the rows into ranges.
 pub fn matmul_tiled(
     ty: PnType,
     weights: &[u8],
@@ -175,20 +204,20 @@ pub fn matmul_tiled(
     acts: &TileActs,
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
-    matmul_tiled_with(amx_available(), ty, weights, rows, acts, outs)
+    matmul_tiled_kernel(default_kernel(), ty, weights, rows, acts, outs)
 }
 
-/// [`matmul_tiled`] with the kernel chosen: `amx` (taken only if [`amx_available`]: the
-/// AMX kernel of [`default_kernel`]) or the portable reference.
+/// [`matmul_tiled`] with the kernel chosen: `fast` (the kernel of [`default_kernel`]) or the
+/// portable reference.
 pub fn matmul_tiled_with(
-    amx: bool,
+    fast: bool,
     ty: PnType,
     weights: &[u8],
     rows: usize,
     acts: &TileActs,
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
-    let kernel = if amx {
+    let kernel = if fast {
         default_kernel()
     } else {
         TileKernel::Reference
@@ -196,9 +225,10 @@ pub fn matmul_tiled_with(
     matmul_tiled_kernel(kernel, ty, weights, rows, acts, outs)
 }
 
-/// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. The AMX kernels fall back
-/// to the reference where [`amx_available`] is false; all give the same integer sums per block
-/// (the AMX ones bit-identical results).
+/// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. Each falls back to the
+/// reference where its instructions are missing ([`amx_available`],
+/// [`vnni_tiles_available`]); all give the same integer sums per block, summed in the same
+/// order: bit-identical results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileKernel {
     /// The portable reference (slow).
@@ -207,31 +237,55 @@ pub enum TileKernel {
     AmxOneTile,
     /// Two (pn3t) or three (pn4t) row tiles per pass sharing each activation-tile load.
     AmxBlocked,
+    /// AVX-512 VNNI: 16 inputs in the lanes of a vector, 8 weight rows per pass.
+    Vnni,
+}
+
+impl TileKernel {
+    /// Whether this kernel runs here (the reference always does).
+    pub fn is_available(self) -> bool {
+        match self {
+            TileKernel::Reference => true,
+            TileKernel::AmxOneTile | TileKernel::AmxBlocked => amx_available(),
+            TileKernel::Vnni => vnni_tiles_available(),
+        }
+    }
 }
 
 /// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
 /// waste no tile work (a range that is not computes zero rows in its last pass).
 pub fn tiled_pass_rows(ty: PnType) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if default_kernel() == TileKernel::AmxBlocked {
-        return super::tiles_amx::pass_rows(ty);
+    match default_kernel() {
+        TileKernel::AmxBlocked => return super::tiles_amx::pass_rows(ty),
+        TileKernel::Vnni => return super::tiles_vnni::ROWS,
+        _ => {}
     }
     let _ = ty;
     TILE
 }
 
-/// The AMX kernel [`matmul_tiled`] runs: the register-blocked one, or the one named by
-/// `PN_TILE_KERNEL` (`blocked`, `one`) for A/B runs of a whole model on one machine (the two
-/// are bit-identical). Blocked is the default because it is the fastest (`cargo run --release
-/// -p pn-format --example tiled_ab`). A software-pipelined one-tile kernel was tried and
-/// removed: slower than blocked on the whole 27B-shaped prefill (pp64 at 2 threads,
-/// alternated: 4.61 and 4.05 tok/s against 5.85 and 4.98). Cached after the first call.
+/// The kernel [`matmul_tiled`] runs: on AMX the register-blocked one, else the AVX-512 VNNI one,
+/// else the reference; `PN_TILE_KERNEL` (`blocked`, `one`, `vnni`) names another available one
+/// for A/B runs of a whole model on one machine (all are bit-identical). Blocked is the AMX
+/// default because it is the fastest (`cargo run --release -p pn-format --example tiled_ab`).
+/// A software-pipelined one-tile kernel was tried and removed: slower than blocked on the whole
+/// 27B-shaped prefill (pp64 at 2 threads, alternated: 4.61 and 4.05 tok/s against 5.85 and
+/// 4.98). Cached after the first call.
 pub fn default_kernel() -> TileKernel {
     static K: std::sync::OnceLock<TileKernel> = std::sync::OnceLock::new();
-    *K.get_or_init(|| match std::env::var("PN_TILE_KERNEL").as_deref() {
-        Ok("blocked") => TileKernel::AmxBlocked,
-        Ok("one") => TileKernel::AmxOneTile,
-        _ => TileKernel::AmxBlocked,
+    *K.get_or_init(|| {
+        let named = match std::env::var("PN_TILE_KERNEL").as_deref() {
+            Ok("blocked") => Some(TileKernel::AmxBlocked),
+            Ok("one") => Some(TileKernel::AmxOneTile),
+            Ok("vnni") => Some(TileKernel::Vnni),
+            _ => None,
+        };
+        [named, Some(TileKernel::AmxBlocked), Some(TileKernel::Vnni)]
+            .into_iter()
+            .flatten()
+            .find(|k| k.is_available())
+            .unwrap_or(TileKernel::Reference)
     })
 }
 
@@ -287,13 +341,14 @@ pub fn matmul_tiled_kernel(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if kernel != TileKernel::Reference && amx_available() {
-        // SAFETY: AMX and AVX-512BW are available and the tile state granted (`amx_available`);
+    if kernel != TileKernel::Reference && kernel.is_available() {
+        // SAFETY: the kernel's instructions are available (AMX: and the tile state granted);
         // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
         // (both checked above), every output holds `rows` values.
         unsafe {
             match kernel {
                 TileKernel::AmxOneTile => super::amx::matmul(ty, weights, rows, nb, acts, outs),
+                TileKernel::Vnni => super::tiles_vnni::matmul(ty, weights, rows, nb, acts, outs),
                 _ => super::tiles_amx::matmul(ty, weights, rows, nb, acts, outs),
             }
         };

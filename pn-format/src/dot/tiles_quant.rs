@@ -24,6 +24,7 @@ pub(super) struct Piece<'a> {
     pub(super) hi: &'a mut [i8],
     pub(super) lo: &'a mut [u8],
     pub(super) sx: &'a mut [f32],
+    pub(super) zq: &'a mut [i32],
 }
 
 /// Tile position `kk = 16 j + l` holds the code in 16-bit lane `l` of pair `j` of an unpacked
@@ -82,6 +83,8 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
                 // NaN and becomes 0.
                 *qk = round_away((xb[usize::from(e)] * inv).clamp(-Q_MAX, Q_MAX));
             }
+            // `|sum(q)| <= 80 * 32767`: exact in i32, and so is `z` times it.
+            p.zq[i * TILE + col] = ty.zero_point() * q[..bpw].iter().sum::<i32>();
             let base = i * bpw * TILE + 4 * col;
             for (r, w) in q[..bpw].chunks_exact(4).enumerate() {
                 let at = base + r * 4 * TILE;
@@ -112,17 +115,20 @@ mod tests {
                 let inv;
                 (p.sx[i * TILE + col], inv) = block_scale(xb);
                 let base = i * bpw * TILE + 4 * col;
+                let mut sum = 0;
                 for (kk, &e) in perm.iter().enumerate().take(bpw) {
                     let q = (xb[usize::from(e)] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                    sum += q;
                     let at = base + (kk / 4) * 4 * TILE + kk % 4;
                     p.hi[at] = (q >> 8) as i8;
                     p.lo[at] = q as u8;
                 }
+                p.zq[i * TILE + col] = ty.zero_point() * sum;
             }
         }
     }
 
-    type Bufs = (Vec<i8>, Vec<u8>, Vec<f32>);
+    type Bufs = (Vec<i8>, Vec<u8>, Vec<f32>, Vec<i32>);
 
     fn run(
         f: fn(PnType, &[f32], usize, usize, &mut Piece<'_>),
@@ -138,12 +144,14 @@ mod tests {
             vec![0; len * bpw * TILE],
             vec![0; len * bpw * TILE],
             vec![0.0; len * TILE],
+            vec![0; len * TILE],
         );
         let mut p = Piece {
             first,
             hi: &mut b.0,
             lo: &mut b.1,
             sx: &mut b.2,
+            zq: &mut b.3,
         };
         f(ty, x, n, nb, &mut p);
         b
@@ -209,6 +217,7 @@ mod tests {
                     let want = run(reference, ty, &x, n, nb, first, len);
                     let got = run(quantize_blocks, ty, &x, n, nb, first, len);
                     assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{ty} n {n} nb {nb}");
+                    assert_eq!(got.3, want.3, "{ty} n {n} nb {nb}: z sum(q)");
                     for (g, w) in got.2.iter().zip(&want.2) {
                         assert_eq!(g.to_bits(), w.to_bits(), "{ty} n {n} nb {nb}");
                     }

@@ -1,7 +1,8 @@
 //! The CPU matmul: each output's rows split across the pool, with the per-type dot products
 //! (fused multi-row kernels for a few input rows, weight rows decoded once for many, PN rows
-//! against activations prepared once per call). On a CPU with AMX, PN rows for many input rows
-//! go through 16 x 16 AMX tiles instead of the decode-once path (`pn_format::dot::matmul_tiled`).
+//! against activations prepared once per call). On a CPU with AMX or AVX-512 VNNI, PN rows for
+//! many input rows go through the tiled product (`pn_format::dot::matmul_tiled`: 16 x 16 AMX
+//! tiles, or 16 inputs in the lanes of a VNNI vector) instead of the fused kernels.
 
 use super::weight::RowKind;
 use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
@@ -12,8 +13,8 @@ use pn_format::PnType;
 use std::sync::Mutex;
 
 /// Input rows at or above which a quantized matrix row is decoded to f32 once and reused for
-/// every input row (PN rows on AMX: multiplied in tiles instead). Below it, the fused
-/// multi-vector dot products (`pn_format::dot::matvec_multi`,
+/// every input row (PN rows with AMX or AVX-512 VNNI: multiplied in tiles instead). Below it,
+/// the fused multi-vector dot products (`pn_format::dot::matvec_multi`,
 /// `gguf_io::quants::vec_dot_f32_multi`) unpack each weight block once for all input rows, so a
 /// pass for a few tokens (MTP verification of 2..5 rows, small batches) streams the weights once.
 pub(super) const DECODE_ROWS_MIN: usize = 9;
@@ -72,16 +73,16 @@ impl CpuBackend {
         }
         let targets = &targets[..outs.len()];
         let direct = rows < self.decode_rows_min;
-        // Many rows on a CPU with AMX: PN rows in 16 x 16 tiles against decode's int16
-        // activations (the same integer block sums as decoding each row alone).
-        let amx = pn_format::dot::amx_available();
-        let pn_tiled = !direct && rows >= pn_format::dot::TILED_ROWS_MIN && amx;
-        // Many rows without AMX: PN rows still take the fused int16 kernels (weight row tiles
-        // in L2, 8 input rows per pass), not decode-once: faster at every row count (27B-shaped
-        // pp64, 2 threads, alternated: 1.37 / 1.63 against 1.24 / 1.23 tok/s on AVX2, 2.42 /
-        // 1.51 against 1.44 / 1.34 on AVX-512 without AMX), and every prompt row gets decode's
-        // own numerics.
-        let pn_direct = direct || !amx;
+        // Many rows on a CPU with AMX or AVX-512 VNNI: PN rows in tiles of 16 input rows
+        // against decode's int16 activations (the same integer block sums as decoding each row
+        // alone).
+        let tiles = pn_format::dot::tiles_available();
+        let pn_tiled = !direct && rows >= pn_format::dot::TILED_ROWS_MIN && tiles;
+        // Many rows without either (AVX2): PN rows still take the fused int16 kernels (weight
+        // row tiles in L2, 8 input rows per pass), not decode-once: faster at every row count
+        // (27B-shaped pp64, 2 threads, alternated: 1.37 / 1.63 against 1.24 / 1.23 tok/s on
+        // AVX2), and every prompt row gets decode's own numerics.
+        let pn_direct = direct || !tiles;
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
         let mut small_guard = None;
@@ -402,7 +403,8 @@ fn matmul_pn(
     Ok(())
 }
 
-/// PN rows against activation tiles (`pn_format::dot::matmul_tiled`: 16 x 16 AMX tiles).
+/// PN rows against activation tiles (`pn_format::dot::matmul_tiled`: 16 x 16 AMX tiles, or
+/// AVX-512 VNNI vectors of 16 inputs).
 fn matmul_pn_tiled(
     w: &CpuWeight,
     ty: PnType,
