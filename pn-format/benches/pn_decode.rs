@@ -9,7 +9,8 @@
 //!
 //! `PN_BENCH_CLOCK=cpu` measures the threads' CPU time instead of the wall clock (a loaded
 //! machine); `PN_BENCH_MODES` lists the working sets (default `l3,dram`; `l2` adds the compute
-//! ceiling).
+//! ceiling, on the first `PN_BENCH_L2_BYTES` bytes of rows, default 1 MiB: use 262144 where L2
+//! is 1 MB, as on Zen 5). `PN_PREFETCH_BYTES` overrides the kernels' prefetch distance.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pn_format::dot::matvec_with;
@@ -20,7 +21,8 @@ use std::time::Duration;
 mod common;
 use common::{clock, random_weights, read_sum};
 
-/// Working sets: `l2` (the first 1 MiB of rows: the kernel's compute ceiling, not a goal),
+/// Working sets: `l2` (the first `PN_BENCH_L2_BYTES`, default 1 MiB, of rows: the kernel's
+/// compute ceiling, not a goal),
 /// `l3` (the whole matrix) and `dram` (a ring of copies).
 fn modes() -> Vec<(&'static str, bool)> {
     let want = std::env::var("PN_BENCH_MODES").unwrap_or_else(|_| "l3,dram".into());
@@ -38,7 +40,11 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         .collect();
     let acts = PreparedI16::new(ty, &x).unwrap();
     for (mode, dram) in modes() {
-        let rows = if mode == "l2" { (1 << 20) / rb } else { rows };
+        let l2: usize = std::env::var("PN_BENCH_L2_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1 << 20);
+        let rows = if mode == "l2" { l2 / rb } else { rows };
         let one = &one[..rows * rb];
         let copies = if dram {
             clock::dram_copies(one.len())

@@ -193,7 +193,7 @@ pub unsafe fn dot_i16_avx512<const VNNI: bool>(
     zq: &[f32],
     nb: usize,
 ) -> f32 {
-    match (ty, VNNI, VNNI && has_vbmi()) {
+    match (ty, VNNI, VNNI && shift_by_multishift()) {
         (PnType::Pn3t, true, true) => i16_avx512_vbmi::<3, 5>(row, xq, sx, zq, nb),
         (PnType::Pn4t, true, true) => i16_avx512_vbmi::<4, 4>(row, xq, sx, zq, nb),
         (PnType::Pn3t, true, false) => i16_avx512_vnni::<3, 5>(row, xq, sx, zq, nb),
@@ -210,6 +210,15 @@ pub fn has_vbmi() -> bool {
     *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
 }
 
+/// Whether the decode kernels move code fields with `vpmultishiftqb` (VBMI) rather than
+/// 16-bit shifts. On Intel cores a shift and `vpdpwssd` share one port, so the multishift,
+/// which runs on another, wins. On Zen 5 it is the other way round: `vpmultishiftqb`,
+/// `vpdpwssd` and FMA share two pipes while `vpsrlw` runs beside them (measured, 8 independent
+/// `vpdpwssd` with 8 more ops: 4.3 cycles alone, 4.4 with `vpsrlw`, 7.7 with `vpmultishiftqb`).
+pub fn shift_by_multishift() -> bool {
+    has_vbmi() && !is_amd()
+}
+
 /// Multiply-accumulate of 32 i16 code/activation pairs into 16 i32 lanes.
 #[inline(always)]
 unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m512i {
@@ -222,23 +231,59 @@ unsafe fn madd512<const VNNI: bool>(acc: __m512i, c: __m512i, x: __m512i) -> __m
     }
 }
 
-/// How far ahead of the blocks being multiplied the weights are prefetched, in bytes. Without
-/// it the hardware prefetcher let the loads wait on the next level (L3 or DRAM) between bursts
-/// of arithmetic, so the kernel ran at about `1 / (1/compute + 1/read)` instead of the slower
-/// of the two (measured: 5.1 GB/s against 14.5 GB/s in L2 and an 8.6 GB/s read). Rows follow
-/// each other in a matrix, so prefetching past the end of a row fetches the next row.
-/// 2 KiB rather than 4: farther ahead, the prefetched lines of a 27B matrix streaming from DRAM
-/// were partly evicted or late (`pn_decode` bench, DRAM ring, 1 thread, alternated: AVX-512
-/// pn3t 4.67/4.64 ms at 4 KiB, 3.59/3.55 at 2 KiB, 3.50/3.55 at 1.5 KiB, 3.78/3.79 at 1 KiB,
-/// 5.11/4.98 at 8 KiB; pn4t 4.56/4.49 -> 3.98/3.77; the whole 27B decode, 2 threads: 1.35/1.34
-/// -> 1.54/1.53 tokens/s).
+/// How far ahead of the blocks being multiplied the weights are prefetched, in bytes, on
+/// Intel cores. Without it the hardware prefetcher let the loads wait on the next level (L3 or
+/// DRAM) between bursts of arithmetic, so the kernel ran at about `1 / (1/compute + 1/read)`
+/// instead of the slower of the two (measured: 5.1 GB/s against 14.5 GB/s in L2 and an 8.6 GB/s
+/// read). Rows follow each other in a matrix, so prefetching past the end of a row fetches the
+/// next row. 2 KiB rather than 4 on Sapphire Rapids: farther ahead, the prefetched lines of a
+/// 27B matrix streaming from DRAM were partly evicted or late (`pn_decode` bench, DRAM ring,
+/// 1 thread, alternated: AVX-512 pn3t 4.67/4.64 ms at 4 KiB, 3.59/3.55 at 2 KiB, 3.50/3.55 at
+/// 1.5 KiB, 3.78/3.79 at 1 KiB, 5.11/4.98 at 8 KiB; pn4t 4.56/4.49 -> 3.98/3.77; the whole 27B
+/// decode, 2 threads: 1.35/1.34 -> 1.54/1.53 tokens/s).
 pub(super) const PREFETCH_BYTES: usize = 2048;
 
-/// Prefetches the cache lines of `n` blocks starting at block `b` plus [`PREFETCH_BYTES`].
+/// The prefetch distance on AMD cores. One Zen 5 core reads about 30 GB/s from DRAM, three
+/// times a Sapphire Rapids core, so 2 KiB ahead is only ~65 ns of lead, less than a DRAM
+/// access: the pn4t kernel then ran at the sum of its compute and read times (`pn_decode`,
+/// DRAM ring, 1 thread, Zen 5, four alternated runs: pn4t 3.11-3.61 ms at 2 KiB, 2.14-2.48 at
+/// 6 KiB, 2.39-2.65 at 8 KiB; pn3t 1.59-2.05 -> 1.51-1.90).
+pub(super) const PREFETCH_BYTES_AMD: usize = 6144;
+
+/// The prefetch distance in bytes: `PN_PREFETCH_BYTES` if set (for tuning on a new machine),
+/// else [`PREFETCH_BYTES_AMD`] on AMD and [`PREFETCH_BYTES`] elsewhere.
+pub fn prefetch_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let env = std::env::var("PN_PREFETCH_BYTES").ok();
+        match env.and_then(|v| v.parse::<usize>().ok()) {
+            Some(b) => b.min(1 << 16),
+            None if is_amd() => PREFETCH_BYTES_AMD,
+            None => PREFETCH_BYTES,
+        }
+    })
+}
+
+/// Whether the CPU is an AMD one (CPUID vendor "AuthenticAMD"): its ports differ from Intel's
+/// where the kernels care (see [`shift_by_multishift`] and [`prefetch_bytes`]).
+pub fn is_amd() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        // Leaf 0 exists on every x86-64 CPU.
+        let r = __cpuid(0);
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &v == b"AuthenticAMD"
+    })
+}
+
+/// Prefetches the cache lines of `n` blocks starting at block `b` plus [`prefetch_bytes`].
 #[inline(always)]
 pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize) {
     // `wrapping_add`: the address may lie past the end of the slice (a prefetch never faults).
-    let start = p.wrapping_add(BLOCK_BYTES * b + PREFETCH_BYTES);
+    let start = p.wrapping_add(BLOCK_BYTES * b + prefetch_bytes());
     let mut off = 0;
     while off < BLOCK_BYTES * n {
         _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off) as *const i8);
@@ -291,9 +336,10 @@ unsafe fn half_shift_ctl(shift: u32) -> __m512i {
 /// `sum(n * q)` of blocks `b` (lanes 0..8) and `b + 1` (lanes 8..16), in i32 lanes; with
 /// `ONE`, only block `b` (the upper half is zero: the padding activations are 0 anyway).
 ///
-/// Pair `j` of every word is `(w >> BITS*j) & mask` in each 16-bit half. With `MS` (VBMI) the
-/// shift is a `vpmultishiftqb`, which runs on another port than `vpdpwssd` (a shift and the
-/// multiply-add share one port on Intel cores, and that port was the bottleneck). The last
+/// Pair `j` of every word is `(w >> BITS*j) & mask` in each 16-bit half. With `MS` (VBMI on
+/// Intel cores, see [`shift_by_multishift`]) the shift is a `vpmultishiftqb`, which runs on
+/// another port than `vpdpwssd` there (a shift and the multiply-add share one port on Intel
+/// cores, and that port was the bottleneck). The last
 /// pair of a pn4t word needs no mask: a 16-bit shift by 12 leaves exactly the top nibble.
 #[inline(always)]
 unsafe fn pair_acc_avx512<
@@ -316,7 +362,10 @@ unsafe fn pair_acc_avx512<
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1)
     };
     let x = xp.add(b / 2 * S * 32);
-    let mut acc = _mm512_setzero_si512();
+    // Two integer chains (even and odd slots): a pair's slots are otherwise one chain of `S`
+    // dependent multiply-adds (4 cycles each on Zen 5), longer than the out-of-order window
+    // hides. Integer sums are exact in any order.
+    let mut accs = [_mm512_setzero_si512(); 2];
     for j in 0..S {
         let sh = BITS * j as u32;
         let c = if j == 0 {
@@ -326,11 +375,17 @@ unsafe fn pair_acc_avx512<
         } else if MS {
             _mm512_and_si512(_mm512_multishift_epi64_epi8(half_shift_ctl(sh), w), mask)
         } else {
-            _mm512_and_si512(_mm512_srl_epi32(w, _mm_cvtsi32_si128(sh as i32)), mask)
+            // 16-bit shifts (each half holds its own codes): `vpsrlw` runs beside `vpdpwssd`
+            // on Zen 5, `vpsrld` partly does not.
+            _mm512_and_si512(_mm512_srl_epi16(w, _mm_cvtsi32_si128(sh as i32)), mask)
         };
-        acc = madd512::<VNNI>(acc, c, _mm512_loadu_si512(x.add(32 * j) as *const _));
+        accs[j & 1] = madd512::<VNNI>(
+            accs[j & 1],
+            c,
+            _mm512_loadu_si512(x.add(32 * j) as *const _),
+        );
     }
-    acc
+    _mm512_add_epi32(accs[0], accs[1])
 }
 
 /// The body shared by the VNNI and plain AVX-512BW versions (inlined into each).
@@ -344,11 +399,16 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
 ) -> f32 {
     let p = row.as_ptr();
     let xp = xq.as_ptr();
+    // Two f32 accumulators, even and odd pairs: one FMA per pair into a single accumulator
+    // is a dependency chain of 4 cycles per pair on Zen 5, which was most of pn4t's time
+    // (5.8 cycles per pair with the weights in L2).
     let mut t0 = _mm512_setzero_ps();
+    let mut t1 = _mm512_setzero_ps();
     let mut corr = _mm512_setzero_ps();
     // Lanes 0..8 take scale 2k, lanes 8..16 scale 2k + 1 (pair k of a 16-block group).
     let first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let two = _mm512_set1_epi32(2);
+    let four = _mm512_set1_epi32(4);
     let mut b = 0;
     // Whole groups of 16 blocks: scales in one vector, spread to each pair by a permute.
     while b + 16 <= nb {
@@ -357,17 +417,17 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
         let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
         let mut idx = first;
-        // One f32 accumulator, pairs in order: the f32 operations of the kernel before this
-        // one, in the same order, so the model's logits stay bit-identical (two accumulators
-        // changed the tiny model's logits by 8e-5 of their largest; the chain of one FMA per
-        // pair is far from the bottleneck).
-        for k in 0..8 {
-            let a = pair_acc_avx512::<BITS, S, VNNI, MS, false>(p, xp, b + 2 * k);
-            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(idx, dsx), t0);
-            idx = _mm512_add_epi32(idx, two);
+        for k in 0..4 {
+            let a0 = pair_acc_avx512::<BITS, S, VNNI, MS, false>(p, xp, b + 4 * k);
+            let a1 = pair_acc_avx512::<BITS, S, VNNI, MS, false>(p, xp, b + 4 * k + 2);
+            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_permutexvar_ps(idx, dsx), t0);
+            let idx1 = _mm512_add_epi32(idx, two);
+            t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_permutexvar_ps(idx1, dsx), t1);
+            idx = _mm512_add_epi32(idx, four);
         }
         b += 16;
     }
+    t0 = _mm512_add_ps(t0, t1);
     // The last partial group (at most 15 blocks), through a small table.
     if b < nb {
         let n = nb - b;
@@ -456,7 +516,7 @@ unsafe fn block_acc_avx2<const BITS: u32, const S: usize>(
         let c = if BITS * (j as u32 + 1) == 16 {
             _mm256_srl_epi16(w, sh)
         } else {
-            _mm256_and_si256(_mm256_srl_epi32(w, sh), mask)
+            _mm256_and_si256(_mm256_srl_epi16(w, sh), mask)
         };
         let xj = _mm256_loadu_si256(x.add(32 * j) as *const __m256i);
         if j % 2 == 0 {
@@ -478,7 +538,10 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
 ) -> f32 {
     let p = row.as_ptr();
     let xp = xq.as_ptr();
+    // Two accumulators, even and odd blocks: with one, the FMA latency (4 cycles) per 34-byte
+    // block capped the kernel at about 31 GB/s on Zen 5, one core's DRAM read.
     let mut t0 = _mm256_setzero_ps();
+    let mut t1 = _mm256_setzero_ps();
     let mut corr = _mm256_setzero_ps();
     let mut b = 0;
     // Whole groups of 8 blocks: scales in one vector (no table on the stack).
@@ -487,14 +550,17 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
         let dv = _mm256_cvtph_ps(scales8(p, b));
         let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm256_fmadd_ps(dsx, _mm256_loadu_ps(zq.as_ptr().add(b)), corr);
-        // One accumulator, blocks in order (bit-identical to the kernel before, as above).
-        for i in 0..8 {
-            let a = block_acc_avx2::<BITS, S>(p, xp, b + i);
-            let d = _mm256_permutevar8x32_ps(dsx, _mm256_set1_epi32(i as i32));
-            t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), d, t0);
+        for i in (0..8).step_by(2) {
+            let a0 = block_acc_avx2::<BITS, S>(p, xp, b + i);
+            let a1 = block_acc_avx2::<BITS, S>(p, xp, b + i + 1);
+            let d0 = _mm256_permutevar8x32_ps(dsx, _mm256_set1_epi32(i as i32));
+            let d1 = _mm256_permutevar8x32_ps(dsx, _mm256_set1_epi32(i as i32 + 1));
+            t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), d0, t0);
+            t1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), d1, t1);
         }
         b += 8;
     }
+    t0 = _mm256_add_ps(t0, t1);
     if b < nb {
         let n = nb - b;
         let hs = scale_bits(p, b, n);
@@ -509,4 +575,82 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
         }
     }
     hsum256(t0) - hsum256(corr)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The AVX-512 decode kernel has variants that a given CPU does not all take (the
+    //! multishift one on Intel, the shift one on AMD, the BW one without VNNI): each one that
+    //! this CPU can run is checked here against the others, which must agree bit for bit (the
+    //! integer sums are exact and the f32 operations the same), and against the scalar kernel.
+    use super::*;
+    use crate::dot::{scalar, PreparedI16};
+    use crate::quantize::quantize_row_ref;
+
+    fn xorshift(s: &mut u64) -> f32 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        (*s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    #[test]
+    fn avx512_variants_agree_bit_for_bit() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")) {
+            return;
+        }
+        let vnni = is_x86_feature_detected!("avx512vnni");
+        let vbmi = vnni && has_vbmi();
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for ty in PnType::ALL {
+            for nb in [1, 2, 3, 15, 16, 17, 31, 33, 48, 50] {
+                let k = nb * ty.weights_per_block();
+                let w: Vec<f32> = (0..k).map(|_| xorshift(&mut s)).collect();
+                // One row of real blocks, one of all-maximum codes (the widest products).
+                let mut rows = vec![quantize_row_ref(ty, &w).unwrap()];
+                let mut max = rows[0].clone();
+                for b in 0..nb {
+                    let fill = if ty == PnType::Pn3t { 0x7fff } else { 0xffff };
+                    for h in max[b * BLOCK_BYTES + 2..(b + 1) * BLOCK_BYTES].chunks_mut(2) {
+                        h.copy_from_slice(&u16::to_le_bytes(fill));
+                    }
+                }
+                rows.push(max);
+                let x: Vec<f32> = (0..k).map(|_| 4.0 * xorshift(&mut s)).collect();
+                let a = PreparedI16::new(ty, &x).unwrap();
+                let (xq, sx, zq) = (&a.xq, &a.sx, &a.zq);
+                for row in &rows {
+                    let reference = scalar::dot_i16(ty, row, xq, sx, zq);
+                    // SAFETY: the features were checked above; `a` is padded as documented.
+                    let bw = unsafe { dot_i16_avx512::<false>(ty, row, xq, sx, zq, nb) };
+                    let tol = 1e-5 * (reference.abs() + 1.0);
+                    assert!(
+                        (bw - reference).abs() <= tol,
+                        "{ty} nb {nb}: {bw} vs {reference}"
+                    );
+                    if vnni {
+                        let bits = |n: usize| match (ty, n) {
+                            // SAFETY: as above, and VNNI/VBMI were checked.
+                            (PnType::Pn3t, 0) => unsafe {
+                                i16_avx512_vnni::<3, 5>(row, xq, sx, zq, nb)
+                            },
+                            (PnType::Pn4t, 0) => unsafe {
+                                i16_avx512_vnni::<4, 4>(row, xq, sx, zq, nb)
+                            },
+                            (PnType::Pn3t, _) => unsafe {
+                                i16_avx512_vbmi::<3, 5>(row, xq, sx, zq, nb)
+                            },
+                            (PnType::Pn4t, _) => unsafe {
+                                i16_avx512_vbmi::<4, 4>(row, xq, sx, zq, nb)
+                            },
+                        };
+                        assert_eq!(bits(0).to_bits(), bw.to_bits(), "{ty} nb {nb}: shifts");
+                        if vbmi {
+                            assert_eq!(bits(1).to_bits(), bw.to_bits(), "{ty} nb {nb}: multishift");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

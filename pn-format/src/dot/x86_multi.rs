@@ -81,7 +81,7 @@ pub unsafe fn multi_i16_avx512<const VNNI: bool>(
     out: &mut [f32],
 ) {
     let m = acts.len();
-    if VNNI && has_vbmi() {
+    if VNNI && super::x86::shift_by_multishift() {
         return match ty {
             PnType::Pn3t => by_count!(m, vbmi512::<3, 5>(row, nb, acts, out)),
             PnType::Pn4t => by_count!(m, vbmi512::<4, 4>(row, nb, acts, out)),
@@ -93,12 +93,6 @@ pub unsafe fn multi_i16_avx512<const VNNI: bool>(
         (PnType::Pn3t, false) => by_count!(m, bw512::<3, 5>(row, nb, acts, out)),
         (PnType::Pn4t, false) => by_count!(m, bw512::<4, 4>(row, nb, acts, out)),
     }
-}
-
-/// Whether the CPU has AVX-512 VBMI (`vpmultishiftqb`), cached by std.
-#[inline]
-fn has_vbmi() -> bool {
-    is_x86_feature_detected!("avx512vbmi")
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
@@ -184,7 +178,9 @@ pub(super) unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>
                 let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
                 _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
             } else {
-                _mm512_srl_epi32(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
+                // 16-bit shifts: each half holds its own codes, and `vpsrlw` runs beside
+                // `vpdpwssd` on Zen 5 where `vpsrld` partly does not.
+                _mm512_srl_epi16(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
             };
             _mm512_and_si512(shifted, mask)
         };
@@ -213,7 +209,7 @@ unsafe fn body512<
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(16);
-        // The decode kernel's two fixes: prefetch the weights 4 KiB ahead (the loads otherwise
+        // The decode kernel's two fixes: prefetch the weights ahead (`prefetch_bytes`) (the loads otherwise
         // wait on DRAM between bursts of arithmetic), and whole groups' scales inserted into a
         // register (a table on the stack read back as a vector stalls on store forwarding).
         prefetch_ahead(p, b, n);
@@ -358,4 +354,66 @@ unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     _mm_cvtss_f32(s)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The multishift and the shift variants (only one of which a CPU's dispatch takes, see
+    //! `x86::shift_by_multishift`) against each other, bit for bit: the same f32 operations on
+    //! exact integer sums.
+    use super::*;
+    use crate::dot::PreparedI16;
+    use crate::quantize::quantize_row_ref;
+
+    #[test]
+    fn multishift_and_shift_variants_agree_bit_for_bit() {
+        if !(std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vbmi"))
+        {
+            return;
+        }
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for ty in PnType::ALL {
+            for nb in [1, 15, 16, 17, 33] {
+                let k = nb * ty.weights_per_block();
+                let w: Vec<f32> = (0..k).map(|_| next()).collect();
+                let row = quantize_row_ref(ty, &w).unwrap();
+                let acts: Vec<PreparedI16> = (0..3)
+                    .map(|_| PreparedI16::new(ty, &(0..k).map(|_| next()).collect::<Vec<_>>()))
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let ptrs: Vec<ActPtrs> = acts
+                    .iter()
+                    .map(|a| ActPtrs {
+                        xq: a.xq.as_ptr(),
+                        sx: a.sx.as_ptr(),
+                        zq: a.zq.as_ptr(),
+                    })
+                    .collect();
+                let (mut ms, mut sh) = ([0f32; 3], [0f32; 3]);
+                // SAFETY: the features were checked above; the activations are padded.
+                unsafe {
+                    match ty {
+                        PnType::Pn3t => {
+                            vbmi512::<3, 5, 3>(row.as_ptr(), nb, &ptrs, &mut ms);
+                            vnni512::<3, 5, 3>(row.as_ptr(), nb, &ptrs, &mut sh);
+                        }
+                        PnType::Pn4t => {
+                            vbmi512::<4, 4, 3>(row.as_ptr(), nb, &ptrs, &mut ms);
+                            vnni512::<4, 4, 3>(row.as_ptr(), nb, &ptrs, &mut sh);
+                        }
+                    }
+                }
+                assert_eq!(ms.map(f32::to_bits), sh.map(f32::to_bits), "{ty} nb {nb}");
+                assert!(ms.iter().all(|v| v.is_finite() && *v != 0.0));
+            }
+        }
+    }
 }
