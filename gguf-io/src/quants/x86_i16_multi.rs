@@ -131,27 +131,36 @@ unsafe fn q4k_body<const VNNI: bool, const M: usize>(row: &[u8], a: &[&ActsI16],
 }
 
 /// Q8_0 for `M` sets: each 34-byte block's weights widened once; per set the operations of
-/// `x86_i16::q8_0_512`.
+/// `x86_i16::q8_0_512`, in its order (even and odd blocks in two accumulators, added at the end).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn q8_0_512<const M: usize>(row: &[u8], a: &[&ActsI16], out: &mut [f32]) {
     let xq: [*const i16; M] = std::array::from_fn(|m| a[m].q.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); M];
+    // acc[0][m]: even blocks of set m; acc[1][m]: odd blocks.
+    let mut acc = [[_mm512_setzero_ps(); M]; 2];
     let base = row.as_ptr();
-    for i in 0..row.len() / 34 {
-        let b = base.add(34 * i);
-        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_BYTES) as *const i8);
-        let w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2) as *const __m256i));
-        unroll4!(m < M, {
-            let x = _mm512_loadu_si512(xq[m].add(32 * i) as *const _);
-            let d = f16_pair(b, a[m].d[i / 8]);
-            acc[m] = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x)),
-                _mm512_broadcastss_ps(d),
-                acc[m],
-            );
+    let n = row.len() / 34;
+    let mut i = 0;
+    while i < n {
+        unroll4!(p < 2, {
+            if i + p < n {
+                let j = i + p;
+                let b = base.add(34 * j);
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_BYTES) as *const i8);
+                let w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2) as *const __m256i));
+                unroll4!(m < M, {
+                    let x = _mm512_loadu_si512(xq[m].add(32 * j) as *const _);
+                    let d = f16_pair(b, a[m].d[j / 8]);
+                    acc[p][m] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x)),
+                        _mm512_broadcastss_ps(d),
+                        acc[p][m],
+                    );
+                });
+            }
         });
+        i += 2;
     }
     unroll4!(m < M, {
-        out[m] = _mm512_reduce_add_ps(acc[m]);
+        out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]));
     });
 }
