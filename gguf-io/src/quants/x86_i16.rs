@@ -255,6 +255,21 @@ unsafe fn q4k_avx2(row: &[u8], a: &ActsI16) -> f32 {
     super::x86::hsum(acc) - super::x86::hsum(accm)
 }
 
+/// Folds `block(i, acc)` over blocks `0..n` into two accumulators, even blocks into the first
+/// and odd ones into the second: two independent FMA chains instead of one.
+#[inline(always)]
+fn even_odd<A: Copy>(n: usize, zero: A, mut block: impl FnMut(usize, A) -> A) -> (A, A) {
+    let (mut acc0, mut acc1) = (zero, zero);
+    for i in (0..n & !1).step_by(2) {
+        acc0 = block(i, acc0);
+        acc1 = block(i + 1, acc1);
+    }
+    if n % 2 == 1 {
+        acc0 = block(n - 1, acc0);
+    }
+    (acc0, acc1)
+}
+
 /// Q8_0 on AVX-512: one 34-byte block (f16 `d`, 32 signed bytes) per `vpmaddwd`. Even and
 /// odd blocks go to two accumulators: one FMA (4 cycles of latency on Zen 5) per 34-byte block
 /// in a single chain capped the kernel at about 31 GB/s, one core's DRAM read.
@@ -270,15 +285,7 @@ unsafe fn q8_0_512(row: &[u8], a: &ActsI16) -> f32 {
         let s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x));
         _mm512_fmadd_ps(s, _mm512_broadcastss_ps(d), acc)
     };
-    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let n = row.len() / 34;
-    for i in (0..n & !1).step_by(2) {
-        acc0 = block(i, acc0);
-        acc1 = block(i + 1, acc1);
-    }
-    if n % 2 == 1 {
-        acc0 = block(n - 1, acc0);
-    }
+    let (acc0, acc1) = even_odd(row.len() / 34, _mm512_setzero_ps(), block);
     _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
 }
 
@@ -299,14 +306,6 @@ unsafe fn q8_0_avx2(row: &[u8], a: &ActsI16) -> f32 {
         let d = f16_pair(b, a.d[i / 8]);
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(d), acc)
     };
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let n = row.len() / 34;
-    for i in (0..n & !1).step_by(2) {
-        acc0 = block(i, acc0);
-        acc1 = block(i + 1, acc1);
-    }
-    if n % 2 == 1 {
-        acc0 = block(n - 1, acc0);
-    }
+    let (acc0, acc1) = even_odd(row.len() / 34, _mm256_setzero_ps(), block);
     super::x86::hsum(_mm256_add_ps(acc0, acc1))
 }
