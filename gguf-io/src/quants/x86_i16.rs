@@ -258,7 +258,7 @@ unsafe fn q4k_avx2(row: &[u8], a: &ActsI16) -> f32 {
 /// Folds `block(i, acc)` over blocks `0..n` into two accumulators, even blocks into the first
 /// and odd ones into the second: two independent FMA chains instead of one.
 #[inline(always)]
-fn even_odd<A: Copy>(n: usize, zero: A, mut block: impl FnMut(usize, A) -> A) -> (A, A) {
+pub(super) fn even_odd<A: Copy>(n: usize, zero: A, mut block: impl FnMut(usize, A) -> A) -> (A, A) {
     let (mut acc0, mut acc1) = (zero, zero);
     for i in (0..n & !1).step_by(2) {
         acc0 = block(i, acc0);

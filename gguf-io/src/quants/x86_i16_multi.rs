@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 use super::i16acts::ActsI16;
 use super::kquants::{Q4K_BYTES, QK_K};
-use super::x86_i16::{f16_pair, q4k_block_start, word_pick, PREFETCH_BYTES};
+use super::x86_i16::{even_odd, f16_pair, q4k_block_start, word_pick, PREFETCH_BYTES};
 use crate::types::GgmlType;
 
 // Sets per kernel call: with 4 the accumulators, the unpacked weights and the scale-pick
@@ -135,32 +135,25 @@ unsafe fn q4k_body<const VNNI: bool, const M: usize>(row: &[u8], a: &[&ActsI16],
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn q8_0_512<const M: usize>(row: &[u8], a: &[&ActsI16], out: &mut [f32]) {
     let xq: [*const i16; M] = std::array::from_fn(|m| a[m].q.as_ptr());
-    // acc[0][m]: even blocks of set m; acc[1][m]: odd blocks.
-    let mut acc = [[_mm512_setzero_ps(); M]; 2];
     let base = row.as_ptr();
-    let n = row.len() / 34;
-    let mut i = 0;
-    while i < n {
-        unroll4!(p < 2, {
-            if i + p < n {
-                let j = i + p;
-                let b = base.add(34 * j);
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_BYTES) as *const i8);
-                let w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2) as *const __m256i));
-                unroll4!(m < M, {
-                    let x = _mm512_loadu_si512(xq[m].add(32 * j) as *const _);
-                    let d = f16_pair(b, a[m].d[j / 8]);
-                    acc[p][m] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x)),
-                        _mm512_broadcastss_ps(d),
-                        acc[p][m],
-                    );
-                });
-            }
+    let block = |j: usize, mut acc: [__m512; M]| {
+        let b = base.add(34 * j);
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_BYTES) as *const i8);
+        let w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2) as *const __m256i));
+        unroll4!(m < M, {
+            let x = _mm512_loadu_si512(xq[m].add(32 * j) as *const _);
+            let d = f16_pair(b, a[m].d[j / 8]);
+            acc[m] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x)),
+                _mm512_broadcastss_ps(d),
+                acc[m],
+            );
         });
-        i += 2;
-    }
+        acc
+    };
+    // Set m's even blocks in `even[m]`, its odd ones in `odd[m]`.
+    let (even, odd) = even_odd(row.len() / 34, [_mm512_setzero_ps(); M], block);
     unroll4!(m < M, {
-        out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]));
+        out[m] = _mm512_reduce_add_ps(_mm512_add_ps(even[m], odd[m]));
     });
 }

@@ -279,11 +279,12 @@ pub fn is_amd() -> bool {
     })
 }
 
-/// Prefetches the cache lines of `n` blocks starting at block `b` plus [`prefetch_bytes`].
+/// Prefetches the cache lines of `n` blocks starting at block `b` plus `ahead` bytes (the
+/// caller reads [`prefetch_bytes`] once per row, not per group).
 #[inline(always)]
-pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize) {
+pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize, ahead: usize) {
     // `wrapping_add`: the address may lie past the end of the slice (a prefetch never faults).
-    let start = p.wrapping_add(BLOCK_BYTES * b + prefetch_bytes());
+    let start = p.wrapping_add(BLOCK_BYTES * b + ahead);
     let mut off = 0;
     while off < BLOCK_BYTES * n {
         _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off) as *const i8);
@@ -339,8 +340,8 @@ unsafe fn half_shift_ctl(shift: u32) -> __m512i {
 /// Pair `j` of every word is `(w >> BITS*j) & mask` in each 16-bit half. With `MS` (VBMI on
 /// Intel cores, see [`shift_by_multishift`]) the shift is a `vpmultishiftqb`, which runs on
 /// another port than `vpdpwssd` there (a shift and the multiply-add share one port on Intel
-/// cores, and that port was the bottleneck). The last
-/// pair of a pn4t word needs no mask: a 16-bit shift by 12 leaves exactly the top nibble.
+/// cores, and that port was the bottleneck). The last pair of a pn4t word needs no mask: a
+/// 16-bit shift by 12 leaves exactly the top nibble.
 #[inline(always)]
 unsafe fn pair_acc_avx512<
     const BITS: u32,
@@ -399,6 +400,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
 ) -> f32 {
     let p = row.as_ptr();
     let xp = xq.as_ptr();
+    let ahead = prefetch_bytes();
     // Two f32 accumulators, even and odd pairs: one FMA per pair into a single accumulator
     // is a dependency chain of 4 cycles per pair on Zen 5, which was most of pn4t's time
     // (5.8 cycles per pair with the weights in L2).
@@ -412,7 +414,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
     let mut b = 0;
     // Whole groups of 16 blocks: scales in one vector, spread to each pair by a permute.
     while b + 16 <= nb {
-        prefetch_ahead(p, b, 16);
+        prefetch_ahead(p, b, 16, ahead);
         let dv = _mm512_cvtph_ps(scales16(p, b));
         let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
@@ -538,6 +540,7 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
 ) -> f32 {
     let p = row.as_ptr();
     let xp = xq.as_ptr();
+    let ahead = prefetch_bytes();
     // Two accumulators, even and odd blocks: with one, the FMA latency (4 cycles) per 34-byte
     // block capped the kernel at about 31 GB/s on Zen 5, one core's DRAM read.
     let mut t0 = _mm256_setzero_ps();
@@ -546,7 +549,7 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
     let mut b = 0;
     // Whole groups of 8 blocks: scales in one vector (no table on the stack).
     while b + 8 <= nb {
-        prefetch_ahead(p, b, 8);
+        prefetch_ahead(p, b, 8, ahead);
         let dv = _mm256_cvtph_ps(scales8(p, b));
         let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm256_fmadd_ps(dsx, _mm256_loadu_ps(zq.as_ptr().add(b)), corr);
@@ -578,7 +581,7 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     //! The AVX-512 decode kernel has variants that a given CPU does not all take (the
     //! multishift one on Intel, the shift one on AMD, the BW one without VNNI): each one that
     //! this CPU can run is checked here against the others, which must agree bit for bit (the
@@ -587,7 +590,8 @@ mod tests {
     use crate::dot::{scalar, PreparedI16};
     use crate::quantize::quantize_row_ref;
 
-    fn xorshift(s: &mut u64) -> f32 {
+    /// A uniform value in [-1, 1) from an xorshift64 state (the kernel tests' generator).
+    pub(in crate::dot) fn xorshift(s: &mut u64) -> f32 {
         *s ^= *s << 13;
         *s ^= *s >> 7;
         *s ^= *s << 17;

@@ -206,13 +206,14 @@ unsafe fn body512<
     let mut t = [_mm512_setzero_ps(); M];
     // Lanes 0..8 select the even block's scale, 8..16 the odd block's.
     let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let ahead = super::x86::prefetch_bytes();
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(16);
         // The decode kernel's two fixes: prefetch the weights ahead (`prefetch_bytes`) (the loads otherwise
         // wait on DRAM between bursts of arithmetic), and whole groups' scales inserted into a
         // register (a table on the stack read back as a vector stalls on store forwarding).
-        prefetch_ahead(p, b, n);
+        prefetch_ahead(p, b, n, ahead);
         let hv = if n == 16 {
             scales16(p, b)
         } else {
@@ -301,10 +302,11 @@ unsafe fn avx2<const BITS: u32, const S: usize, const M: usize>(
     let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
     let mask = _mm256_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut t = [_mm256_setzero_ps(); M];
+    let ahead = super::x86::prefetch_bytes();
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(8);
-        prefetch_ahead(p, b, n);
+        prefetch_ahead(p, b, n, ahead);
         let hv = if n == 8 {
             scales8(p, b)
         } else {
@@ -374,12 +376,7 @@ mod tests {
             return;
         }
         let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = || super::super::x86::tests::xorshift(&mut s);
         for ty in PnType::ALL {
             for nb in [1, 15, 16, 17, 33] {
                 let k = nb * ty.weights_per_block();
