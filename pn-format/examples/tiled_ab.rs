@@ -2,11 +2,12 @@
 //! thread's CPU clock, and the minimum of many short runs is kept per kernel (interference only
 //! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`; `PN_AB_FULL=1`
 //! takes the whole 27B `ffn_up`/`ffn_down` shapes, `PN_AB_INPUTS` the input rows (64),
-//! `PN_AB_ROWS` caps the weight rows (a matrix that stays in L2: the compute ceiling).
+//! `PN_AB_ROWS` caps the weight rows (a matrix that stays in L2: the compute ceiling). The
+//! VNNI kernel runs on int16 and on int8 activations (`Vnni/I8`).
 
 use pn_format::dot::{
     amx_available, matmul_tiled_kernel, matvec_small, SmallActs, TileActs, TileKernel,
-    SMALL_MAX_ROWS,
+    TilePrecision, SMALL_MAX_ROWS,
 };
 use pn_format::PnType;
 use pn_format::PreparedI16;
@@ -35,6 +36,17 @@ fn main() {
     .into_iter()
     .filter(|k| k.is_available())
     .collect();
+    // Every kernel on int16; the VNNI one on int8 too.
+    let variants: Vec<(TileKernel, TilePrecision)> = kernels
+        .iter()
+        .map(|&k| (k, TilePrecision::I16))
+        .chain(
+            kernels
+                .iter()
+                .filter(|&&k| k == TileKernel::Vnni)
+                .map(|&k| (k, TilePrecision::I8)),
+        )
+        .collect();
     if kernels.is_empty() {
         println!("no tile kernel (neither AMX nor AVX-512 VNNI)");
         return;
@@ -84,14 +96,19 @@ fn main() {
             .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
             .collect();
         let acts = TileActs::new(ty, &x, n).unwrap();
-        let mut best = vec![Duration::MAX; kernels.len()];
+        let acts8 = TileActs::with_precision(ty, TilePrecision::I8, &x, n).unwrap();
+        let mut best = vec![Duration::MAX; variants.len()];
         let mut outs = vec![vec![0f32; rows]; n];
         let mut first: Vec<Vec<Vec<f32>>> = Vec::new();
         for _ in 0..reps {
-            for (i, &kern) in kernels.iter().enumerate() {
+            for (i, &(kern, precision)) in variants.iter().enumerate() {
                 let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                let a = match precision {
+                    TilePrecision::I16 => &acts,
+                    TilePrecision::I8 => &acts8,
+                };
                 let t0 = thread_cpu();
-                matmul_tiled_kernel(kern, ty, &w, rows, &acts, &mut refs).unwrap();
+                matmul_tiled_kernel(kern, ty, &w, rows, a, &mut refs).unwrap();
                 best[i] = best[i].min(thread_cpu() - t0);
                 if first.len() <= i {
                     first.push(outs.clone());
@@ -100,12 +117,22 @@ fn main() {
                 }
             }
         }
-        assert!(first.iter().all(|o| *o == first[0]), "kernels differ");
+        let same_precision = |i: usize| variants[i].1 == TilePrecision::I16;
+        assert!(
+            (0..variants.len())
+                .filter(|&i| same_precision(i))
+                .all(|i| first[i] == first[0]),
+            "int16 kernels differ"
+        );
         let mac = (rows * k * n) as f64;
         print!("{ty} {rows}x{k} x{n}:");
-        for (kern, b) in kernels.iter().zip(&best) {
+        for ((kern, precision), b) in variants.iter().zip(&best) {
+            let tag = match precision {
+                TilePrecision::I16 => "",
+                TilePrecision::I8 => "/I8",
+            };
             print!(
-                "  {kern:?} {:.2} ms ({:.0} GMAC/s)",
+                "  {kern:?}{tag} {:.2} ms ({:.0} GMAC/s)",
                 b.as_secs_f64() * 1e3,
                 mac / b.as_secs_f64() / 1e9
             );

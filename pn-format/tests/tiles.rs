@@ -10,9 +10,9 @@ mod common;
 use common::{magnitude, random_rows, Rng};
 use pn_format::dot::{
     amx_available, matmul_tiled_kernel, matmul_tiled_with, vnni_tiles_available, TileActs,
-    TileKernel,
+    TileKernel, TilePrecision,
 };
-use pn_format::{matvec, PnError, PnType, PreparedI16};
+use pn_format::{dequantize_row, matvec, PnError, PnType, PreparedI16};
 use proptest::prelude::*;
 
 fn tiled(amx: bool, ty: PnType, w: &[u8], rows: usize, acts: &TileActs) -> Vec<Vec<f32>> {
@@ -148,6 +148,126 @@ proptest! {
                 prop_assert_eq!(&got, &one, "{:?}", kernel);
             }
         }
+    }
+}
+
+/// The int8 tile product written from its definition, in f64: per block `sx = amax / 127`
+/// (f32, as the quantizer), `q = round(x * (127 / amax))` clamped to +-127, and the dequantized
+/// weights times `sx q`. Also returns, per output, the sum of the terms' magnitudes (the scale
+/// of f32 rounding) and the int8 error bound against the exact `sum w x`: `sum |w| amax / 254`
+/// per block.
+fn int8_definition(ty: PnType, row: &[u8], x: &[f32]) -> (f64, f64, f64) {
+    let bpw = ty.weights_per_block();
+    let mut w = vec![0f32; x.len()];
+    dequantize_row(ty, row, &mut w).unwrap();
+    let (mut sum, mut mag, mut bound) = (0f64, 0f64, 0f64);
+    for (wb, xb) in w.chunks_exact(bpw).zip(x.chunks_exact(bpw)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let sx = f64::from(amax / 127.0);
+        for (&wk, &xk) in wb.iter().zip(xb) {
+            let q = f64::from((xk * inv).round().clamp(-127.0, 127.0));
+            sum += f64::from(wk) * sx * q;
+            mag += (f64::from(wk) * sx * q).abs();
+            bound += f64::from(wk).abs() * f64::from(amax) / 254.0;
+        }
+    }
+    (sum, mag, bound)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Int8 activations: the reference equals the int8 definition within f32 rounding, the
+    /// VNNI kernel equals the reference bit for bit, and both stay within the int8 bound of
+    /// the exact product (`sum w x` in f64).
+    #[test]
+    fn int8_tiles_match_reference_and_definition(
+        pn4 in any::<bool>(),
+        nb in 1usize..20,
+        rows in 1usize..60,
+        m in 1usize..=70,
+        offset in 0usize..4,
+        seed in any::<u64>(),
+    ) {
+        let ty = if pn4 { PnType::Pn4t } else { PnType::Pn3t };
+        let bpw = ty.weights_per_block();
+        let mut buf = vec![0u8; offset];
+        buf.extend(random_rows(nb, rows, seed));
+        let w = &buf[offset..];
+        let mut rng = Rng(seed ^ 0x5151);
+        let mut xs: Vec<Vec<f32>> = (0..m).map(|_| rng.normals(nb * bpw, 2.0)).collect();
+        // Adversarial blocks: all zero, one outlier, exact halves after scaling.
+        for (t, x) in xs.iter_mut().enumerate() {
+            let b = t % nb;
+            match t % 4 {
+                0 => x[b * bpw..(b + 1) * bpw].fill(0.0),
+                1 => x[b * bpw + t % bpw] = 1e4,
+                2 => x[b * bpw..(b + 1) * bpw]
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = (i as f32 - 40.0) * 0.5),
+                _ => {}
+            }
+        }
+        let tiles = TileActs::with_precision(ty, TilePrecision::I8, &flat(&xs), m).unwrap();
+        prop_assert_eq!(tiles.precision(), TilePrecision::I8);
+        let reference = tiled(false, ty, w, rows, &tiles);
+        let rb = w.len() / rows;
+        for r in 0..rows {
+            let row = &w[r * rb..(r + 1) * rb];
+            for (t, x) in xs.iter().enumerate() {
+                let (want, mag, bound) = int8_definition(ty, row, x);
+                let got = f64::from(reference[t][r]);
+                prop_assert!(
+                    (got - want).abs() <= 1e-5 * mag + 1e-30,
+                    "{} nb {} input {} row {}: {} vs definition {}", ty, nb, t, r, got, want
+                );
+                let exact: f64 = {
+                    let mut wf = vec![0f32; x.len()];
+                    dequantize_row(ty, row, &mut wf).unwrap();
+                    wf.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
+                };
+                prop_assert!(
+                    (got - exact).abs() <= bound * (1.0 + 1e-4) + 1e-5 * mag + 1e-30,
+                    "{} input {} row {}: {} vs exact {} (bound {})", ty, t, r, got, exact, bound
+                );
+            }
+        }
+        // Every fast kernel named runs int8 activations on the VNNI kernel (or the reference
+        // without VNNI): bit-identical to the reference.
+        for kernel in [TileKernel::Vnni, TileKernel::AmxBlocked, TileKernel::AmxOneTile] {
+            let mut got = vec![vec![f32::NAN; rows]; m];
+            let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+            matmul_tiled_kernel(kernel, ty, w, rows, &tiles, &mut refs).unwrap();
+            for (t, (g, r)) in got.iter().zip(&reference).enumerate() {
+                for (i, (a, b)) in g.iter().zip(r).enumerate() {
+                    prop_assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{:?} int8 vs reference {} nb {} input {} row {}: {} vs {}",
+                        kernel, ty, nb, t, i, a, b
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Int8 activations with non-finite values: NaN results for the input that has them, finite
+/// ones for the others, on the reference and on the fast kernel.
+#[test]
+fn int8_non_finite_activations_give_nan() {
+    let ty = PnType::Pn3t;
+    let w = random_rows(3, 19, 4);
+    let mut x = vec![0.25f32; 240];
+    x[100] = f32::NAN;
+    let mut both = vec![-1.0f32; 240];
+    both.extend_from_slice(&x);
+    let tiles = TileActs::with_precision(ty, TilePrecision::I8, &both, 2).unwrap();
+    for fast in [false, true] {
+        let got = tiled(fast, ty, &w, 19, &tiles);
+        assert!(got[0].iter().all(|v| v.is_finite()), "fast {fast}");
+        assert!(got[1].iter().all(|v| v.is_nan()), "fast {fast}");
     }
 }
 

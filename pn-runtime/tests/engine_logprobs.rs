@@ -55,15 +55,17 @@ fn logprobs_are_the_log_softmax_at_every_position() {
         if spec != Speculation::None {
             assert_eq!(g.spec_stats().map_or(0, |st| st.drafted), 0, "no drafts");
         }
-        // The reference: every position's logits from a fresh session.
-        let mut all = prompt.clone();
-        all.extend(got.iter().map(|t| t.id));
+        // The reference: every position's logits from a fresh session, fed as a generation
+        // feeds it (the prompt with the logits of its last row only, so its other rows may take
+        // the state-only rows' kernels, `Backend::set_state_rows`; then the tokens).
+        let generated: Vec<u32> = got.iter().map(|t| t.id).collect();
         let mut fresh = engine.session().unwrap();
         fresh.set_speculation(Speculation::None);
-        let rows = fresh.feed_all_logits(&all).unwrap();
-        let v = rows.len() / all.len();
+        let mut rows = fresh.feed(&prompt).unwrap().to_vec();
+        let v = rows.len();
+        rows.extend(fresh.feed_all_logits(&generated[..n - 1]).unwrap());
         for (i, t) in got.iter().enumerate() {
-            let row = &rows[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+            let row = &rows[i * v..(i + 1) * v];
             let reference = log_softmax(engine, row);
             let want = reference[t.id as usize];
             assert!(

@@ -51,10 +51,11 @@ fn logits_of_fresh(e: &Engine, tokens: &[u32]) -> Vec<f32> {
 /// Restoring a checkpoint and recomputing the rest gives the logits of a fresh session over
 /// the whole sequence: bit for bit when the fresh session runs the same chunks (the prompt
 /// cache splits prefill chunks at checkpoints, and a restore starts a chunk there), and within
-/// 2e-4 of a fresh session that runs the sequence in other chunks. That tolerance is the
-/// chunking noise of the CPU forward pass itself (a different chunking reorders float sums in
-/// the batched matmuls and the Gated DeltaNet prefill; measured 7.5e-5 here on logits of size
-/// ~10, printed by the test), far below any argmax change.
+/// 2e-4 of a fresh session that runs the sequence in other chunks (3e-2 where prompt rows take
+/// int8 activations). That tolerance is the chunking noise of the CPU forward pass itself (a
+/// different chunking reorders float sums in the batched matmuls and the Gated DeltaNet
+/// prefill; measured 7.5e-5 here on logits of size ~10 with int16 prompt rows, 7.7e-3 with
+/// int8 ones, printed by the test), below any argmax change.
 #[test]
 fn logits_after_a_restore_equal_a_full_recompute() {
     let e = demo(16, 8, None);
@@ -74,17 +75,25 @@ fn logits_after_a_restore_equal_a_full_recompute() {
     assert_eq!(prefill(&mut s, &b), (b.len() - 64, 64));
     let cached = s.logits().unwrap().to_vec();
     // Same chunks: a's prefill ran 0..64 in chunks ending at its checkpoints, b's rest runs
-    // 64..80 and 80..90 (the interval mark at 80).
+    // 64..80 and 80..90 (the interval mark at 80); a fresh session's prefill of b runs the
+    // same chunks with the same outputs (the last row's logits only: the other rows may take
+    // the state-only rows' kernels, `Backend::set_state_rows`).
     let mut same = e.session().unwrap();
-    for w in [0, 16, 32, 48, 64, 80, 90].windows(2) {
-        same.feed(&b[w[0]..w[1]]).unwrap();
-    }
+    assert_eq!(prefill(&mut same, &b), (b.len(), 0));
+    assert_eq!(same.prompt_cache_positions(), [16, 32, 48, 64, 80, 90][..]);
     assert_eq!(cached, same.logits().unwrap(), "restore is not lossless");
     let fresh = logits_of_fresh(&e, &b);
     let d = max_abs(&cached, &fresh);
     let scale = fresh.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     eprintln!("restore vs one-chunk recompute: max |diff| = {d:e}, max |logit| = {scale}");
-    assert!(d <= 2e-4, "max |diff| {d}");
+    // Prompt rows on int8 activations turn that noise into int8 rounding steps where a value
+    // sits near a boundary (1/254 of its block's largest): measured 7.7e-3 here.
+    let tol = if qwen_model::CpuBackend::state_rows_int8() {
+        3e-2
+    } else {
+        2e-4
+    };
+    assert!(d <= tol, "max |diff| {d}");
     assert_eq!(argmax(&cached), argmax(&fresh));
     // Checkpoints past the divergence are gone; the new ones follow b.
     assert_eq!(s.prompt_cache_positions(), [16, 32, 48, 64, 80, 90][..]);

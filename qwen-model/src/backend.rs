@@ -456,6 +456,17 @@ pub trait Backend: Send + Sync {
         outs: &mut [(&Self::Weight, &mut Self::Buf)],
     ) -> Result<(), ModelError>;
 
+    /// Which rows of the matrix products that follow, until the next call, only feed their
+    /// sequence's state (`state_only[t]` for row `t`: prompt rows whose logits nobody reads).
+    /// A backend may multiply those at a faster, lower activation precision (the CPU's int8
+    /// tiles); the decision follows each row's role, so a sequence's numerics do not depend on
+    /// the rows it shares a pass with. A product of another row count takes every row at full
+    /// precision. The default ignores it. (An iterator, not a slice: a decode step must not
+    /// allocate, and the backend keeps the flags in a buffer it reuses.)
+    fn set_state_rows(&self, state_only: &mut dyn Iterator<Item = bool>) {
+        let _ = state_only;
+    }
+
     /// In-place Walsh-Hadamard rotation of `len` floats in blocks of `block` (orthonormal).
     fn hadamard(&self, x: &mut Self::Buf, len: usize, block: usize) -> Result<(), ModelError>;
 

@@ -290,14 +290,17 @@ fn hidden_only_rows_beside_logit_rows() {
     let mut ws = m.new_workspace(32).unwrap();
     let mut lone = Vec::new();
     let mut states = Vec::new();
-    for (p, x) in prompts.iter().zip(&inputs) {
+    for (i, (p, x)) in prompts.iter().zip(&inputs).enumerate() {
         let mut a = m.new_state(64).unwrap();
         m.forward(&mut a, &mut ws, p, Outputs::default()).unwrap();
         let mut b = m.new_state(64).unwrap();
         m.forward(&mut b, &mut ws, p, Outputs::default()).unwrap();
         let (mut l, mut h) = (vec![0.0; x.len() * v], vec![0.0; x.len() * d]);
+        // Each alone asks for what it asks for in the batch: sequence 0's rows stay state-only
+        // (no logits) there, so they may take the state-only rows' products
+        // (`Backend::set_state_rows`) and its reference must too.
         let out = Outputs {
-            logits: Some(&mut l),
+            logits: (i != 0).then_some(&mut l[..]),
             hidden: Some(&mut h),
             all_rows: true,
             layer_residuals: None,

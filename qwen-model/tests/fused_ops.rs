@@ -7,7 +7,7 @@ mod common;
 
 use common::{Rot, Wrapped};
 // `rnd(seed, n, scale)`, `bits(v)`: the kit's helpers under this file's short names.
-use pn_tests::{data, f32_bits as bits, read_tokens, seeded_vec as rnd, tiny, DEMO};
+use pn_tests::{argmax, data, f32_bits as bits, read_tokens, seeded_vec as rnd, tiny, DEMO};
 use qwen_model::weights::Mixer;
 use qwen_model::{Backend, CpuBackend, Model, Outputs};
 
@@ -178,7 +178,16 @@ fn rotated_demo_model_uses_the_fused_ops() {
         .iter()
         .zip(&fused_logits)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff <= 1e-4, "all-rows head vs last-row head: {diff}");
+    // And where the prompt's rows before the last take int8 activations in the last-row pass
+    // (`Backend::set_state_rows`; rows whose logits are read keep int16), the last row sees
+    // their int8 rounding: ~1e-2 on these logits (measured 1.0e-2).
+    let tol = if qwen_model::CpuBackend::state_rows_int8() {
+        3e-2
+    } else {
+        1e-4
+    };
+    assert!(diff <= tol, "all-rows head vs last-row head: {diff}");
+    assert_eq!(argmax(last), argmax(&fused_logits));
 }
 
 /// An unrotated model (tiny-qwen35, F16) asks for no rotation at all.

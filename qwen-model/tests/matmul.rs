@@ -4,6 +4,7 @@
 
 use gguf_io::GgmlType;
 use qwen_model::backend::{Backend, WeightSource};
+use qwen_model::cpu::CpuWeight;
 use qwen_model::CpuBackend;
 // `randn`: the kit's `random_signed` under this file's short name.
 use pn_tests::random_signed as randn;
@@ -13,6 +14,31 @@ use rand::{Rng, SeedableRng};
 /// A multiple of every block size involved (256 for K-quants, 80 for pn3t, 64 for pn4t).
 const K: usize = 1280;
 const ROWS: usize = 37;
+
+/// The product `w . x` in f64 and its magnitude `sum |w_i x_i|` (the tolerances' scale).
+fn exact_dot(w: &[f32], x: &[f32]) -> (f64, f64) {
+    w.iter().zip(x).fold((0.0, 0.0), |(s, m), (&a, &b)| {
+        let p = a as f64 * b as f64;
+        (s + p, m + p.abs())
+    })
+}
+
+/// `ROWS x K` random weights of type `ty` (`encode`), loaded on `be`: the bytes and the weight.
+fn random_weight(be: &CpuBackend, ty: GgmlType, rng: &mut StdRng) -> (Vec<u8>, CpuWeight) {
+    let bytes = encode(ty, rng);
+    let src = WeightSource {
+        name: "w",
+        ty,
+        rows: ROWS,
+        cols: K,
+        bytes: &bytes,
+        rotated: false,
+        rotation_block: 0,
+        file: None,
+    };
+    let w = be.load_weight(&src).unwrap();
+    (bytes, w)
+}
 
 /// Encodes `ROWS x K` random weights as `ty` (hand-built blocks for the types gguf-io does not
 /// quantize).
@@ -91,19 +117,8 @@ fn matmul_every_type_matches_naive() {
     let be = CpuBackend::new(2);
     let mut rng = StdRng::seed_from_u64(11);
     for ty in TYPES {
-        let bytes = encode(ty, &mut rng);
+        let (bytes, w) = random_weight(&be, ty, &mut rng);
         let rb = bytes.len() / ROWS;
-        let src = WeightSource {
-            name: "w",
-            ty,
-            rows: ROWS,
-            cols: K,
-            bytes: &bytes,
-            rotated: false,
-            rotation_block: 0,
-            file: None,
-        };
-        let w = be.load_weight(&src).unwrap();
         // 1..=8 rows take the fused multi-vector dots (prepared activations for PN; one call
         // per 8 rows), 9 and more the decode-once path: all must agree with the reference.
         for t in [1usize, 2, 3, 5, 8, 9, 12] {
@@ -117,12 +132,7 @@ fn matmul_every_type_matches_naive() {
                 let wr = decode_row(ty, &bytes[r * rb..(r + 1) * rb]);
                 for ti in 0..t {
                     let xr = &x[ti * K..(ti + 1) * K];
-                    let want: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                    let mag: f64 = wr
-                        .iter()
-                        .zip(xr)
-                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                        .sum();
+                    let (want, mag) = exact_dot(&wr, xr);
                     let got = y[ti * ROWS + r] as f64;
                     // f32 accumulation; the PN int16 activation path adds <= 2^-16 relative.
                     let tol = 1e-5 + 1e-4 * mag;
@@ -300,18 +310,7 @@ fn stock_verify_rows_equal_single_row_decode() {
             // No int16 kernel here (PN_ISA=scalar, no AVX2): both paths take f32 activations.
             continue;
         }
-        let bytes = encode(ty, &mut rng);
-        let src = WeightSource {
-            name: "w",
-            ty,
-            rows: ROWS,
-            cols: K,
-            bytes: &bytes,
-            rotated: false,
-            rotation_block: 0,
-            file: None,
-        };
-        let w = be.load_weight(&src).unwrap();
+        let (_, w) = random_weight(&be, ty, &mut rng);
         for t in [2usize, 3, 5, 8] {
             let x = randn(&mut rng, t * K, 1.0);
             let mut y = vec![0.0f32; t * ROWS];
@@ -326,6 +325,78 @@ fn stock_verify_rows_equal_single_row_decode() {
                     bits(&one),
                     "{ty:?} t={t} row {ti}"
                 );
+            }
+        }
+    }
+}
+
+/// Rows declared state-only (`Backend::set_state_rows`) may take int8 tile activations: each
+/// stays within `1e-5 + 1e-4 * sum|w x|` plus the int8 bound (`sum |w| amax / 254` per block)
+/// of the exact product; the other rows of the same call equal a call of those rows alone
+/// (int16: the same integer block sums, f32 order apart), so a logits row does not depend on
+/// the state-only rows beside it. A declaration of another row count is ignored (int16).
+#[test]
+fn state_only_rows_take_their_own_precision() {
+    let be = CpuBackend::new(2);
+    let mut rng = StdRng::seed_from_u64(21);
+    for ty in [GgmlType::Pn3t, GgmlType::Pn4t] {
+        let bpw = if ty == GgmlType::Pn3t { 80 } else { 64 };
+        let (bytes, w) = random_weight(&be, ty, &mut rng);
+        let rb = bytes.len() / ROWS;
+        // Patterns: a prompt chunk with its logits row last, a decode row beside a chunk,
+        // verify rows beside a chunk, one state-only row, and a mismatched declaration.
+        let patterns: [(usize, Vec<bool>); 5] = [
+            (20, (0..20).map(|t| t != 19).collect()),
+            (18, (0..18).map(|t| t != 0).collect()),
+            (25, (0..25).map(|t| !(3..6).contains(&t)).collect()),
+            (1, vec![true]),
+            (12, vec![true; 5]),
+        ];
+        for (t, state_only) in patterns {
+            let x = randn(&mut rng, t * K, 1.0);
+            be.set_state_rows(&mut state_only.iter().copied());
+            let mut y = vec![0.0f32; t * ROWS];
+            be.matmul(&x, t, &mut [(&w, &mut y)]).unwrap();
+            let declared = state_only.len() == t;
+            let logits_rows: Vec<usize> = (0..t).filter(|&i| !declared || !state_only[i]).collect();
+            // The logits rows alone, in one call with nothing declared.
+            be.set_state_rows(&mut std::iter::empty());
+            let xs: Vec<f32> = logits_rows
+                .iter()
+                .flat_map(|&i| x[i * K..(i + 1) * K].iter().copied())
+                .collect();
+            let mut alone = vec![0.0f32; logits_rows.len() * ROWS];
+            if !logits_rows.is_empty() {
+                be.matmul(&xs, logits_rows.len(), &mut [(&w, &mut alone)])
+                    .unwrap();
+            }
+            for r in 0..ROWS {
+                let wr = decode_row(ty, &bytes[r * rb..(r + 1) * rb]);
+                for ti in 0..t {
+                    let xr = &x[ti * K..(ti + 1) * K];
+                    let (want, mag) = exact_dot(&wr, xr);
+                    let int8: f64 = wr
+                        .chunks_exact(bpw)
+                        .zip(xr.chunks_exact(bpw))
+                        .map(|(wb, xb)| {
+                            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                            wb.iter().map(|&a| (a as f64).abs()).sum::<f64>() * amax / 254.0
+                        })
+                        .sum();
+                    let got = y[ti * ROWS + r] as f64;
+                    let tol = 1e-5 + 1e-4 * mag + int8;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{ty:?} t={t} row {r} input {ti}: {got} vs {want} (tol {tol})"
+                    );
+                    if let Some(j) = logits_rows.iter().position(|&i| i == ti) {
+                        let a = alone[j * ROWS + r];
+                        assert!(
+                            (got as f32 - a).abs() <= 1e-5 * (1.0 + mag as f32),
+                            "{ty:?} t={t} logits row {ti}, weight row {r}: {got} vs alone {a}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -48,14 +48,16 @@ fn check_model(path: &PathBuf, ws_rows: usize) {
     let batch = toks(6, 2, v);
     let m_rows = batch.len();
     let mut scratch = vec![0.0; v];
+    // The prefix's rows ask for their logits, as the traced pass's do (rows nobody reads may
+    // take the state-only rows' products, `Backend::set_state_rows`); the last row's are returned.
     let fresh = |ws: &mut qwen_model::Workspace<Wrapped>, k: usize| {
         let mut r = m.new_state(64).unwrap();
-        let mut l = vec![0.0; v];
-        m.forward(&mut r, ws, &prompt, Outputs::last_logits(&mut l))
+        let mut l = vec![0.0; k * v];
+        m.forward(&mut r, ws, &prompt, Outputs::last_logits(&mut l[..v]))
             .unwrap();
-        m.forward(&mut r, ws, &batch[..k], Outputs::last_logits(&mut l))
+        m.forward(&mut r, ws, &batch[..k], Outputs::all_logits(&mut l))
             .unwrap();
-        (r, l)
+        (r, l[(k - 1) * v..].to_vec())
     };
 
     // Traced: the whole batch in one call.

@@ -42,9 +42,9 @@ mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
 pub use tiles::{
-    amx_available, default_kernel, matmul_tiled, matmul_tiled_kernel, matmul_tiled_with,
-    tiled_pass_rows, tiles_available, vnni_tiles_available, TileActs, TileKernel, TILE,
-    TILED_ROWS_MIN,
+    amx_available, default_kernel, default_tile_precision, matmul_tiled, matmul_tiled_kernel,
+    matmul_tiled_with, tiled_pass_rows, tiles_available, vnni_tiles_available, TileActs,
+    TileKernel, TilePrecision, TILE, TILED_ROWS_MIN,
 };
 pub use tiles_small::{matvec_small, matvec_small_reference, SmallActs, SMALL_MAX_ROWS};
 

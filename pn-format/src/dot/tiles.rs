@@ -16,6 +16,13 @@
 //!
 //! [`TileActs`] quantizes and arranges a set of input rows once per call into the AMX "B"
 //! layout; [`matmul_tiled`] then runs any number of row ranges against it (one per thread).
+//!
+//! Prompt chunks on CPUs with AVX-512 VNNI but no AMX quantize to int8 instead
+//! ([`TilePrecision::I8`], [`default_tile_precision`]): one `vpdpbusd` per four products
+//! instead of two, so the tile kernel does twice the multiply-adds per instruction (llama.cpp's
+//! 8-bit activations do the same). The int8 error, at most `1/254` of a block's largest
+//! activation, is two orders below the 3-4-bit weights' own; decode and the verify pass keep
+//! int16, and `PN_TILE_ACTS=16` keeps prompt rows on decode's integer sums.
 
 use crate::error::PnError;
 use crate::types::{PnType, BLOCK_BYTES};
@@ -28,18 +35,57 @@ pub const TILE: usize = 16;
 /// once and a tile of 16 input rows is computed at once, so a few rows waste most of it.
 pub const TILED_ROWS_MIN: usize = super::MAX_ACTS + 1;
 
-/// Input rows quantized to int16 per block, in AMX tile order: per group of 16 input rows and
-/// per block, the two bytes of `q` as `4S x 64`-byte tiles (`S` code pairs per word; row
-/// `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block position
-/// `kk = 16 j + l` is the code in 16-bit lane `l` of pair `j` of an unpacked word).
+/// How [`TileActs`] quantizes a block of an input row: `x ~= sx * q`, `q` rounded half away
+/// from zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TilePrecision {
+    /// `|q| <= 32767`, decode's rule ([`super::PreparedI16`]): a prompt row gets the integer
+    /// block sums a decode step would compute. Two byte planes: two products per `q`.
+    I16,
+    /// `|q| <= 127`: one byte plane, one product per `q` (VNNI kernel only; the AMX kernels run
+    /// int8 activations through it).
+    I8,
+}
+
+impl TilePrecision {
+    /// Largest `|q|`.
+    pub fn q_max(self) -> f32 {
+        match self {
+            TilePrecision::I16 => 32_767.0,
+            TilePrecision::I8 => 127.0,
+        }
+    }
+}
+
+/// The precision prompt chunks should quantize to here: int8 where the tile kernel is the
+/// AVX-512 VNNI one ([`TileKernel::Vnni`]: twice the products per instruction), int16 on AMX
+/// (whose int16 kernels are already far ahead of the weights' read) and on the reference.
+/// `PN_TILE_ACTS=16` (or `8`) forces one, for A/B runs and for prefill numerics identical to
+/// decode's. Cached after the first call.
+pub fn default_tile_precision() -> TilePrecision {
+    static P: std::sync::OnceLock<TilePrecision> = std::sync::OnceLock::new();
+    *P.get_or_init(|| match std::env::var("PN_TILE_ACTS").as_deref() {
+        Ok("16") => TilePrecision::I16,
+        Ok("8") => TilePrecision::I8,
+        _ if default_kernel() == TileKernel::Vnni => TilePrecision::I8,
+        _ => TilePrecision::I16,
+    })
+}
+
+/// Input rows quantized per block ([`TilePrecision`]), in AMX tile order: per group of 16 input
+/// rows and per block, the byte planes of `q` as `4S x 64`-byte tiles (`S` code pairs per word;
+/// row `kk / 4` holds byte `kk % 4` of each of the 16 inputs at `4 n + kk % 4`, where block
+/// position `kk = 16 j + l` is the code in 16-bit lane `l` of pair `j` of an unpacked word).
 #[derive(Clone, Debug)]
 pub struct TileActs {
     ty: PnType,
+    precision: TilePrecision,
     k: usize,
     n: usize,
-    /// `[group][block][kk / 4][input 16][kk % 4]`: bits 8..16 of `q` (signed).
+    /// `[group][block][kk / 4][input 16][kk % 4]`: the signed plane: bits 8..16 of `q` (int16)
+    /// or `q` itself (int8).
     pub(super) hi: Vec<i8>,
-    /// The same layout, bits 0..8 (unsigned).
+    /// The same layout, bits 0..8 of `q` (unsigned; int16 only, empty for int8).
     pub(super) lo: Vec<u8>,
     /// `[group][block][input 16]` activation scales (0 for padding inputs).
     pub(super) sx: Vec<f32>,
@@ -55,10 +101,22 @@ pub type ParallelFor<'a> = dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync + 'a;
 
 impl TileActs {
     /// Quantizes and arranges the `n` input rows of `x` (row-major, `n x k` with `k` a whole
-    /// number of `ty` blocks). Non-finite values make their block's scale NaN (NaN results).
+    /// number of `ty` blocks) to int16. Non-finite values make their block's scale NaN (NaN
+    /// results).
     pub fn new(ty: PnType, x: &[f32], n: usize) -> Result<Self, PnError> {
+        Self::with_precision(ty, TilePrecision::I16, x, n)
+    }
+
+    /// [`TileActs::new`] at the precision given.
+    pub fn with_precision(
+        ty: PnType,
+        precision: TilePrecision,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Self, PnError> {
         let mut t = TileActs {
             ty,
+            precision,
             k: 0,
             n: 0,
             hi: Vec::new(),
@@ -86,7 +144,7 @@ impl TileActs {
         parts: usize,
         run: &ParallelFor<'_>,
     ) -> Result<(), PnError> {
-        let ty = self.ty;
+        let (ty, precision) = (self.ty, self.precision);
         if n == 0 || !x.len().is_multiple_of(n) {
             return Err(PnError::LengthMismatch {
                 what: "tiled activations (a whole number of input rows)",
@@ -101,9 +159,13 @@ impl TileActs {
         self.k = k;
         self.n = n;
         let values = groups * nb * bpw * TILE;
+        let lo_values = match self.precision {
+            TilePrecision::I16 => values,
+            TilePrecision::I8 => 0,
+        };
         // Every byte is rewritten below except padding inputs' (zero here).
         self.lo.clear();
-        self.lo.resize(values, 0);
+        self.lo.resize(lo_values, 0);
         self.hi.clear();
         self.hi.resize(values, 0);
         self.sx.clear();
@@ -120,7 +182,7 @@ impl TileActs {
         for i in 0..parts {
             let len = total / parts + usize::from(i < total % parts);
             let (hh, th) = hi.split_at_mut(len * bpw * TILE);
-            let (hl, tl) = lo.split_at_mut(len * bpw * TILE);
+            let (hl, tl) = lo.split_at_mut(if lo_values == 0 { 0 } else { len * bpw * TILE });
             let (hs, ts) = sx.split_at_mut(len * TILE);
             let (hz, tz) = zq.split_at_mut(len * TILE);
             (hi, lo, sx, zq) = (th, tl, ts, tz);
@@ -136,7 +198,7 @@ impl TileActs {
         let piece = |i: usize| {
             // Each part locks only its own piece: never contended.
             let mut p = pieces[i].lock().unwrap_or_else(|e| e.into_inner());
-            super::tiles_quant::quantize_blocks(ty, x, n, nb, &mut p);
+            super::tiles_quant::quantize_blocks(ty, precision, x, n, nb, &mut p);
         };
         run(parts, &piece);
         Ok(())
@@ -152,8 +214,13 @@ impl TileActs {
         self.ty
     }
 
+    /// How each block was quantized.
+    pub fn precision(&self) -> TilePrecision {
+        self.precision
+    }
+
     /// Blocks per row.
-    fn nb(&self) -> usize {
+    pub(super) fn nb(&self) -> usize {
         self.k / self.ty.weights_per_block()
     }
 }
@@ -228,7 +295,8 @@ pub fn matmul_tiled_with(
 /// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. Each falls back to the
 /// reference where its instructions are missing ([`amx_available`],
 /// [`vnni_tiles_available`]); all give the same integer sums per block, summed in the same
-/// order: bit-identical results.
+/// order: bit-identical results. Int8 activations ([`TilePrecision::I8`]) run on the VNNI
+/// kernel whichever fast kernel is named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileKernel {
     /// The portable reference (slow).
@@ -341,6 +409,16 @@ pub fn matmul_tiled_kernel(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
+    if acts.precision == TilePrecision::I8 {
+        if kernel != TileKernel::Reference && vnni_tiles_available() {
+            // SAFETY: AVX-512 F/BW/VNNI available; shapes checked above.
+            unsafe { super::tiles_vnni::matmul(ty, weights, rows, nb, acts, outs) };
+            return Ok(());
+        }
+        reference(ty, weights, rows, nb, acts, outs);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
     if kernel != TileKernel::Reference && kernel.is_available() {
         // SAFETY: the kernel's instructions are available (AMX: and the tile state granted);
         // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
@@ -358,9 +436,9 @@ pub fn matmul_tiled_kernel(
     Ok(())
 }
 
-/// The portable form of the AMX kernel's arithmetic: per block the exact int32 sums `c1`, `c0`
-/// of `(n - z)` times each byte of `q`, combined as `256 c1 + c0`, converted to f32, times
-/// `d * sx`, summed over blocks in order.
+/// The portable form of the kernels' arithmetic: per block the exact int32 sums `c1`, `c0` of
+/// `(n - z)` times each byte plane of `q`, combined as `256 c1 + c0` (int16; int8 has `c1`
+/// alone), converted to f32, times `d * sx`, summed over blocks in order.
 fn reference(
     ty: PnType,
     weights: &[u8],
@@ -397,9 +475,12 @@ fn reference(
                 for (kk, &c) in codes.iter().enumerate() {
                     let at = base + (kk / 4) * 4 * TILE + kk % 4;
                     c1 += c * i32::from(acts.hi[at]);
-                    c0 += c * i32::from(acts.lo[at]);
+                    c0 += acts.lo.get(at).map_or(0, |&l| c * i32::from(l));
                 }
-                let f = (256 * c1 + c0) as f32;
+                let f = match acts.precision {
+                    TilePrecision::I16 => (256 * c1 + c0) as f32,
+                    TilePrecision::I8 => c1 as f32,
+                };
                 total = f.mul_add(blk.scale() * acts.sx[gb * TILE + col], total);
             }
             out[r] = total;

@@ -1,5 +1,6 @@
 //! Quantizing input rows into [`super::tiles::TileActs`]' layout: int16 per block (decode's
-//! [`super::PreparedI16`] rule: the same scale and the same rounded values), in AMX tile order.
+//! [`super::PreparedI16`] rule: the same scale and the same rounded values) or int8 (the same
+//! rule with `127` for `32767`), in AMX tile order.
 //!
 //! This runs once per prompt chunk for every distinct matmul input (for `ffn_down`, 64 x 17408
 //! values feeding one 5120-row matrix), so it must cost little next to the tile kernel: the
@@ -7,18 +8,15 @@
 //! comparison steps the compiler vectorizes (`f32::round` is a libm call on baseline x86-64),
 //! and writes each tile row's four bytes of a plane as one word.
 
-use super::tiles::TILE;
+use super::tiles::{TilePrecision, TILE};
 use crate::types::PnType;
-
-/// Largest `|q|`: the int16 range of decode's [`super::PreparedI16`] (symmetric).
-pub(super) const Q_MAX: f32 = 32_767.0;
 
 /// Most values per block (pn3t).
 const MAX_BPW: usize = 80;
 
 /// One part of a [`super::tiles::TileActs`] being filled: the `[group][block]` entries
-/// `first..first + sx.len() / TILE` of its three buffers (same layouts, starting at entry
-/// `first`).
+/// `first..first + sx.len() / TILE` of its buffers (same layouts, starting at entry `first`;
+/// `lo` empty for int8).
 pub(super) struct Piece<'a> {
     pub(super) first: usize,
     pub(super) hi: &'a mut [i8],
@@ -39,7 +37,7 @@ fn tile_perm(ty: PnType) -> [u8; MAX_BPW] {
     perm
 }
 
-/// `v.round() as i32` (half away from zero) for `|v| <= Q_MAX` or NaN (0), without the libm
+/// `v.round() as i32` (half away from zero) for `|v| <= 32767` or NaN (0), without the libm
 /// call: the truncation is exact below 2^31 and so is the fraction `v - trunc(v)`.
 #[inline(always)]
 fn round_away(v: f32) -> i32 {
@@ -48,24 +46,33 @@ fn round_away(v: f32) -> i32 {
     t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
 }
 
-/// One block's scale `sx = amax / Q_MAX` (NaN if any value is not finite) and its inverse
-/// `Q_MAX / amax` (0 for an all-zero or non-finite block).
-fn block_scale(xb: &[f32]) -> (f32, f32) {
+/// One block's scale `sx = amax / q_max` (NaN if any value is not finite) and its inverse
+/// `q_max / amax` (0 for an all-zero or non-finite block).
+fn block_scale(xb: &[f32], q_max: f32) -> (f32, f32) {
     let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let amax = if xb.iter().all(|v| v.is_finite()) {
         amax
     } else {
         f32::NAN
     };
-    let inv = if amax > 0.0 { Q_MAX / amax } else { 0.0 };
-    (amax / Q_MAX, inv)
+    let inv = if amax > 0.0 { q_max / amax } else { 0.0 };
+    (amax / q_max, inv)
 }
 
 /// Fills a [`Piece`]: per input row `t` of the group (`x` is `n x k` row-major, `nb` blocks per
-/// row) and block, the scale and the two bytes of each int16 `q` in tile order (`[kk / 4]
-/// [input 16][kk % 4]` per `[group][block]`). Padding inputs (`t >= n`) stay zero.
-/// Non-finite values make their block's scale NaN and its `q` zero.
-pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
+/// row) and block, the scale and the byte planes of each `q` in tile order (`[kk / 4]
+/// [input 16][kk % 4]` per `[group][block]`; int16: two planes, int8: `q` in `hi`). Padding
+/// inputs (`t >= n`) stay zero. Non-finite values make their block's scale NaN and its `q`
+/// zero.
+pub(super) fn quantize_blocks(
+    ty: PnType,
+    precision: TilePrecision,
+    x: &[f32],
+    n: usize,
+    nb: usize,
+    p: &mut Piece<'_>,
+) {
+    let q_max = precision.q_max();
     let bpw = ty.weights_per_block();
     let k = nb * bpw;
     let perm = tile_perm(ty);
@@ -77,11 +84,11 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
             let t = g * TILE + col;
             let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
             let inv;
-            (p.sx[i * TILE + col], inv) = block_scale(xb);
+            (p.sx[i * TILE + col], inv) = block_scale(xb, q_max);
             for (qk, &e) in q[..bpw].iter_mut().zip(&perm[..bpw]) {
                 // Clamping first equals clamping after rounding (integer bounds); NaN stays
                 // NaN and becomes 0.
-                *qk = round_away((xb[usize::from(e)] * inv).clamp(-Q_MAX, Q_MAX));
+                *qk = round_away((xb[usize::from(e)] * inv).clamp(-q_max, q_max));
             }
             // `|sum(q)| <= 80 * 32767`: exact in i32, and so is `z` times it.
             p.zq[i * TILE + col] = ty.zero_point() * q[..bpw].iter().sum::<i32>();
@@ -89,8 +96,13 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
             for (r, w) in q[..bpw].chunks_exact(4).enumerate() {
                 let at = base + r * 4 * TILE;
                 let w: [i32; 4] = [w[0], w[1], w[2], w[3]];
-                p.hi[at..at + 4].copy_from_slice(&w.map(|v| (v >> 8) as i8));
-                p.lo[at..at + 4].copy_from_slice(&w.map(|v| v as u8));
+                match precision {
+                    TilePrecision::I16 => {
+                        p.hi[at..at + 4].copy_from_slice(&w.map(|v| (v >> 8) as i8));
+                        p.lo[at..at + 4].copy_from_slice(&w.map(|v| v as u8));
+                    }
+                    TilePrecision::I8 => p.hi[at..at + 4].copy_from_slice(&w.map(|v| v as i8)),
+                }
             }
         }
     }
@@ -100,9 +112,20 @@ pub(super) fn quantize_blocks(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mu
 mod tests {
     use super::*;
 
+    /// Largest `|q|` of any precision (int16).
+    const Q_MAX: f32 = 32_767.0;
+
     /// The quantizer as first written (`f32::round`, one byte at a time): the new one must
     /// reproduce its bytes exactly.
-    fn reference(ty: PnType, x: &[f32], n: usize, nb: usize, p: &mut Piece<'_>) {
+    fn reference(
+        ty: PnType,
+        precision: TilePrecision,
+        x: &[f32],
+        n: usize,
+        nb: usize,
+        p: &mut Piece<'_>,
+    ) {
+        let q_max = precision.q_max();
         let bpw = ty.weights_per_block();
         let k = nb * bpw;
         let perm = tile_perm(ty);
@@ -113,15 +136,19 @@ mod tests {
                 let t = g * TILE + col;
                 let xb = &x[t * k + b * bpw..t * k + (b + 1) * bpw];
                 let inv;
-                (p.sx[i * TILE + col], inv) = block_scale(xb);
+                (p.sx[i * TILE + col], inv) = block_scale(xb, q_max);
                 let base = i * bpw * TILE + 4 * col;
                 let mut sum = 0;
                 for (kk, &e) in perm.iter().enumerate().take(bpw) {
-                    let q = (xb[usize::from(e)] * inv).round().clamp(-Q_MAX, Q_MAX) as i32;
+                    let q = (xb[usize::from(e)] * inv).round().clamp(-q_max, q_max) as i32;
                     sum += q;
                     let at = base + (kk / 4) * 4 * TILE + kk % 4;
-                    p.hi[at] = (q >> 8) as i8;
-                    p.lo[at] = q as u8;
+                    if precision == TilePrecision::I16 {
+                        p.hi[at] = (q >> 8) as i8;
+                        p.lo[at] = q as u8;
+                    } else {
+                        p.hi[at] = q as i8;
+                    }
                 }
                 p.zq[i * TILE + col] = ty.zero_point() * sum;
             }
@@ -131,8 +158,8 @@ mod tests {
     type Bufs = (Vec<i8>, Vec<u8>, Vec<f32>, Vec<i32>);
 
     fn run(
-        f: fn(PnType, &[f32], usize, usize, &mut Piece<'_>),
-        ty: PnType,
+        f: fn(PnType, TilePrecision, &[f32], usize, usize, &mut Piece<'_>),
+        (ty, precision): (PnType, TilePrecision),
         x: &[f32],
         n: usize,
         nb: usize,
@@ -140,9 +167,14 @@ mod tests {
         len: usize,
     ) -> Bufs {
         let bpw = ty.weights_per_block();
+        let lo = if precision == TilePrecision::I16 {
+            len
+        } else {
+            0
+        };
         let mut b: Bufs = (
             vec![0; len * bpw * TILE],
-            vec![0; len * bpw * TILE],
+            vec![0; lo * bpw * TILE],
             vec![0.0; len * TILE],
             vec![0; len * TILE],
         );
@@ -153,7 +185,7 @@ mod tests {
             sx: &mut b.2,
             zq: &mut b.3,
         };
-        f(ty, x, n, nb, &mut p);
+        f(ty, precision, x, n, nb, &mut p);
         b
     }
 
@@ -213,13 +245,18 @@ mod tests {
                     x[4 * bpw + 3] = f32::INFINITY;
                 }
                 let total = n.div_ceil(TILE) * nb;
-                for (first, len) in [(0, total), (total / 2, total - total / 2), (total - 1, 1)] {
-                    let want = run(reference, ty, &x, n, nb, first, len);
-                    let got = run(quantize_blocks, ty, &x, n, nb, first, len);
-                    assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{ty} n {n} nb {nb}");
-                    assert_eq!(got.3, want.3, "{ty} n {n} nb {nb}: z sum(q)");
+                let parts = [(0, total), (total / 2, total - total / 2), (total - 1, 1)];
+                for ((first, len), pr) in parts
+                    .into_iter()
+                    .flat_map(|p| [TilePrecision::I16, TilePrecision::I8].map(|pr| (p, pr)))
+                {
+                    let want = run(reference, (ty, pr), &x, n, nb, first, len);
+                    let got = run(quantize_blocks, (ty, pr), &x, n, nb, first, len);
+                    let what = format!("{ty} {pr:?} n {n} nb {nb}");
+                    assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{what}");
+                    assert_eq!(got.3, want.3, "{what}: z sum(q)");
                     for (g, w) in got.2.iter().zip(&want.2) {
-                        assert_eq!(g.to_bits(), w.to_bits(), "{ty} n {n} nb {nb}");
+                        assert_eq!(g.to_bits(), w.to_bits(), "{what}");
                     }
                 }
             }

@@ -32,7 +32,7 @@
 //! prefetch and the unrolled slots).
 
 use super::amx::write_rows;
-use super::tiles::{TileActs, TILE};
+use super::tiles::{TileActs, TilePrecision, TILE};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
@@ -80,34 +80,40 @@ pub unsafe fn matmul(
     outs: &mut [&mut [f32]],
 ) {
     let vbmi = super::x86::has_vbmi();
-    match (ty, vbmi) {
-        (PnType::Pn3t, true) => kernel_vbmi::<3, 5>(weights, rows, nb, acts, outs),
-        (PnType::Pn4t, true) => kernel_vbmi::<4, 4>(weights, rows, nb, acts, outs),
-        (PnType::Pn3t, false) => kernel_bw::<3, 5>(weights, rows, nb, acts, outs),
-        (PnType::Pn4t, false) => kernel_bw::<4, 4>(weights, rows, nb, acts, outs),
+    let i8 = acts.precision() == TilePrecision::I8;
+    let (w, a, o) = (weights, acts, outs);
+    match (ty, vbmi, i8) {
+        (PnType::Pn3t, true, false) => kernel_vbmi::<3, 5, false>(w, rows, nb, a, o),
+        (PnType::Pn4t, true, false) => kernel_vbmi::<4, 4, false>(w, rows, nb, a, o),
+        (PnType::Pn3t, false, false) => kernel_bw::<3, 5, false>(w, rows, nb, a, o),
+        (PnType::Pn4t, false, false) => kernel_bw::<4, 4, false>(w, rows, nb, a, o),
+        (PnType::Pn3t, true, true) => kernel_vbmi::<3, 5, true>(w, rows, nb, a, o),
+        (PnType::Pn4t, true, true) => kernel_vbmi::<4, 4, true>(w, rows, nb, a, o),
+        (PnType::Pn3t, false, true) => kernel_bw::<3, 5, true>(w, rows, nb, a, o),
+        (PnType::Pn4t, false, true) => kernel_bw::<4, 4, true>(w, rows, nb, a, o),
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-unsafe fn kernel_vbmi<const BITS: u32, const S: usize>(
+unsafe fn kernel_vbmi<const BITS: u32, const S: usize, const I8: bool>(
     weights: &[u8],
     rows: usize,
     nb: usize,
     acts: &TileActs,
     outs: &mut [&mut [f32]],
 ) {
-    kernel::<BITS, S, true>(weights, rows, nb, acts, outs)
+    kernel::<BITS, S, true, I8>(weights, rows, nb, acts, outs)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn kernel_bw<const BITS: u32, const S: usize>(
+unsafe fn kernel_bw<const BITS: u32, const S: usize, const I8: bool>(
     weights: &[u8],
     rows: usize,
     nb: usize,
     acts: &TileActs,
     outs: &mut [&mut [f32]],
 ) {
-    kernel::<BITS, S, false>(weights, rows, nb, acts, outs)
+    kernel::<BITS, S, false, I8>(weights, rows, nb, acts, outs)
 }
 
 /// Unpacks block `b` of `row` into `out` (`4 S` quads in slot order, see [`slot_quad`]) with
@@ -187,14 +193,15 @@ macro_rules! slots {
 /// on a noisy hour: 8.96 and 9.68 t/s at 320 KiB against 7.58 and 9.38 at 768 KiB).
 const PANEL_BYTES: usize = 384 * 1024;
 
-/// Blocks per K panel for `groups` groups of 16 inputs: a whole number of chunks, at least one.
-fn panel_blocks(bpw: usize, groups: usize) -> usize {
-    let per_block = groups * 2 * bpw * TILE;
+/// Blocks per K panel for `groups` groups of 16 inputs of `planes` byte planes: a whole number
+/// of chunks, at least one.
+fn panel_blocks(bpw: usize, groups: usize, planes: usize) -> usize {
+    let per_block = groups * planes * bpw * TILE;
     (PANEL_BYTES / per_block / CHUNK).max(1) * CHUNK
 }
 
 #[inline(always)]
-unsafe fn kernel<const BITS: u32, const S: usize, const VBMI: bool>(
+unsafe fn kernel<const BITS: u32, const S: usize, const VBMI: bool, const I8: bool>(
     weights: &[u8],
     rows: usize,
     nb: usize,
@@ -211,7 +218,7 @@ unsafe fn kernel<const BITS: u32, const S: usize, const VBMI: bool>(
     // (carried across panels, so every sum still runs over the blocks in order).
     let mut sums = vec![_mm512_setzero_ps(); passes * groups * ROWS];
     let p = weights.as_ptr();
-    let panel = panel_blocks(bpw, groups);
+    let panel = panel_blocks(bpw, groups, if I8 { 1 } else { 2 });
     for k0 in (0..nb).step_by(panel) {
         let k1 = nb.min(k0 + panel);
         for pass in 0..passes {
@@ -263,9 +270,23 @@ unsafe fn kernel<const BITS: u32, const S: usize, const VBMI: bool>(
                         }
                     }
                 }
-                for g in 0..groups {
-                    let fg = &mut f[g * ROWS..(g + 1) * ROWS];
-                    group_pass::<S>(&codes, &scales, nbc, acts, g * nb + b0, bpw, fg);
+                if I8 {
+                    // Groups in pairs: each broadcast code quad feeds both.
+                    let mut g = 0;
+                    while g + 2 <= groups {
+                        let fg = &mut f[g * ROWS..(g + 2) * ROWS];
+                        group_pass_i8::<S, 2>(&codes, &scales, nbc, acts, g * nb + b0, bpw, fg);
+                        g += 2;
+                    }
+                    if g < groups {
+                        let fg = &mut f[g * ROWS..(g + 1) * ROWS];
+                        group_pass_i8::<S, 1>(&codes, &scales, nbc, acts, g * nb + b0, bpw, fg);
+                    }
+                } else {
+                    for g in 0..groups {
+                        let fg = &mut f[g * ROWS..(g + 1) * ROWS];
+                        group_pass::<S>(&codes, &scales, nbc, acts, g * nb + b0, bpw, fg);
+                    }
                 }
             }
         }
@@ -328,6 +349,56 @@ unsafe fn group_pass<const S: usize>(
         }
     }
     f.copy_from_slice(&sum);
+}
+
+/// [`group_pass`] on int8 activations for `G` consecutive groups at once (`f`: `[G][ROWS]`):
+/// per quad one vector load (the only plane) per group and one `vpdpbusd` per row and group,
+/// each row's quad broadcast once for all `G` groups (with one group, nine loads fed eight
+/// multiply-adds: more than the two load ports keep up with). `gb0` is the `[group][block]`
+/// index of the first group's first block in the chunk.
+#[inline(always)]
+unsafe fn group_pass_i8<const S: usize, const G: usize>(
+    codes: &Codes,
+    scales: &[[f32; CHUNK]; ROWS],
+    nbc: usize,
+    acts: &TileActs,
+    gb0: usize,
+    bpw: usize,
+    f: &mut [__m512],
+) {
+    let nb = acts.nb();
+    // `i` addresses the codes, the scales and the activations of block `i` alike.
+    #[allow(clippy::needless_range_loop)]
+    for i in 0..nbc {
+        let gb: [usize; G] = std::array::from_fn(|g| gb0 + g * nb + i);
+        let q: [*const u8; G] =
+            std::array::from_fn(|g| acts.hi.as_ptr().add(gb[g] * bpw * TILE) as *const u8);
+        let mut acc = [[_mm512_setzero_si512(); ROWS]; G];
+        slots!(s < 4 * S, {
+            let kq = slot_quad(s);
+            let a: [__m512i; G] =
+                std::array::from_fn(|g| _mm512_loadu_si512(q[g].add(64 * kq) as *const _));
+            for r in 0..ROWS {
+                let c = _mm512_set1_epi32(std::ptr::read(
+                    codes.0[r][i].as_ptr().add(4 * s) as *const i32
+                ));
+                for g in 0..G {
+                    acc[g][r] = dpbusd(acc[g][r], c, a[g]);
+                }
+            }
+        });
+        for g in 0..G {
+            // `sum n q - z sum(q)`: exact (`|sum n q| <= 80 * 15 * 127`).
+            let zq = _mm512_loadu_si512(acts.zq.as_ptr().add(gb[g] * TILE) as *const _);
+            let sx = _mm512_loadu_ps(acts.sx.as_ptr().add(gb[g] * TILE));
+            for r in 0..ROWS {
+                let v = _mm512_sub_epi32(acc[g][r], zq);
+                let ds = _mm512_mul_ps(_mm512_set1_ps(scales[r][i]), sx);
+                let at = g * ROWS + r;
+                f[at] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), ds, f[at]);
+            }
+        }
+    }
 }
 
 /// `vpdpbusd acc, a (unsigned bytes), b (signed bytes)` as written: LLVM turns the intrinsic

@@ -2,13 +2,15 @@
 //! (fused multi-row kernels for a few input rows, weight rows decoded once for many, PN rows
 //! against activations prepared once per call). On a CPU with AMX or AVX-512 VNNI, PN rows for
 //! many input rows go through the tiled product (`pn_format::dot::matmul_tiled`: 16 x 16 AMX
-//! tiles, or 16 inputs in the lanes of a VNNI vector) instead of the fused kernels.
+//! tiles, or 16 inputs in the lanes of a VNNI vector) instead of the fused kernels, on int16
+//! activations (AMX: decode's numerics) or int8 ones (VNNI without AMX:
+//! `pn_format::dot::default_tile_precision`).
 
 use super::weight::RowKind;
 use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
 use crate::error::ModelError;
 use pn_format::dot::tiled_pass_rows;
-use pn_format::dot::{PreparedI16, TileActs};
+use pn_format::dot::{default_tile_precision, PreparedI16, TileActs, TilePrecision};
 use pn_format::PnType;
 use std::sync::Mutex;
 
@@ -27,6 +29,10 @@ const MULTI_ROWS: usize = 8;
 /// over the same tile, so it must stay in the 2..4 MiB L2 of one core.
 const PN_TILE_BYTES: usize = 1 << 20;
 
+/// The activation precisions of the tiled paths, in the order of [`CpuBackend::pn_row_sets`]
+/// (after the fused one).
+const TILE_PRECISIONS: [TilePrecision; 2] = [TilePrecision::I16, TilePrecision::I8];
+
 fn pn_index(ty: PnType) -> usize {
     match ty {
         PnType::Pn3t => 0,
@@ -42,6 +48,38 @@ fn first_error(slot: &Mutex<Option<ModelError>>, e: ModelError) {
 }
 
 impl CpuBackend {
+    /// The input rows of a product of `rows` rows that PN weights take on each path: `[fused
+    /// int16 kernels, int16 tiles, int8 tiles]` (ascending), written into `sets`. Rows that only feed the
+    /// sequences' states ([`Backend::set_state_rows`]) take int8 tiles where that is the tile
+    /// precision ([`default_tile_precision`]), however few; the others take int16 tiles from
+    /// [`TILED_ROWS_MIN`](pn_format::dot::TILED_ROWS_MIN) rows (and the decode-once threshold)
+    /// where the CPU has a tile kernel, else the fused kernels. So a row's precision follows
+    /// its own role, not the rows it shares a pass with.
+    ///
+    /// [`Backend::set_state_rows`]: crate::Backend::set_state_rows
+    fn pn_row_sets(&self, rows: usize, sets: &mut [Vec<usize>; 3]) {
+        let tiles = pn_format::dot::tiles_available();
+        sets.iter_mut().for_each(Vec::clear);
+        let [int16, int16_tiles, int8] = sets;
+        super::STATE_ROWS.with(|s| {
+            let (id, state_rows) = &*s.borrow();
+            let declared = *id == self.id && state_rows.len() == rows;
+            if tiles && declared && default_tile_precision() == TilePrecision::I8 {
+                for (t, &state_only) in state_rows.iter().enumerate() {
+                    if state_only { &mut *int8 } else { &mut *int16 }.push(t);
+                }
+            } else {
+                int16.extend(0..rows);
+            }
+        });
+        let n = int16.len();
+        if tiles && n >= self.decode_rows_min && n >= pn_format::dot::TILED_ROWS_MIN {
+            // The buffers trade places (capacities included): nothing is allocated once both
+            // have grown.
+            std::mem::swap(int16, int16_tiles);
+        }
+    }
+
     /// [`Backend::matmul`](crate::Backend::matmul) on the CPU: for each `(w, y)`, `y[t] = w
     /// x[t]` for the first `rows` rows of `x`.
     pub(super) fn matmul_outputs(
@@ -73,21 +111,21 @@ impl CpuBackend {
         }
         let targets = &targets[..outs.len()];
         let direct = rows < self.decode_rows_min;
-        // Many rows on a CPU with AMX or AVX-512 VNNI: PN rows in tiles of 16 input rows
-        // against decode's int16 activations (the same integer block sums as decoding each row
-        // alone).
-        let tiles = pn_format::dot::tiles_available();
-        let pn_tiled = !direct && rows >= pn_format::dot::TILED_ROWS_MIN && tiles;
-        // Many rows without either (AVX2): PN rows still take the fused int16 kernels (weight
-        // row tiles in L2, 8 input rows per pass), not decode-once: faster at every row count
-        // (27B-shaped pp64, 2 threads, alternated: 1.37 / 1.63 against 1.24 / 1.23 tok/s on
-        // AVX2), and every prompt row gets decode's own numerics.
-        let pn_direct = direct || !tiles;
+        let has_pn = outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_)));
+        // PN input rows per path, `[fused int16, int16 tiles, int8 tiles]` (see
+        // `pn_row_sets`); the other types take every row on one path.
+        let mut pn_sets = self.pn_row_sets.lock().unwrap_or_else(|e| e.into_inner());
+        if has_pn {
+            self.pn_row_sets(rows, &mut pn_sets);
+        } else {
+            pn_sets.iter_mut().for_each(Vec::clear);
+        }
         // PN rows multiply activations prepared once per input row (shared by all outputs).
         let mut pn_guard = None;
         let mut small_guard = None;
         let mut tile_guard = None;
-        if pn_direct && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+        let fused = &pn_sets[0];
+        if !fused.is_empty() {
             let mut g = self.pn_acts.lock().unwrap_or_else(|e| e.into_inner());
             for ty in PnType::ALL {
                 let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
@@ -95,10 +133,10 @@ impl CpuBackend {
                 };
                 let k = w.cols;
                 let set = &mut g[pn_index(ty)];
-                for t in 0..rows {
+                for (i, &t) in fused.iter().enumerate() {
                     let xt = &x[t * k..(t + 1) * k];
-                    let r = if t < set.len() {
-                        set[t].update(xt)
+                    let r = if i < set.len() {
+                        set[i].update(xt)
                     } else {
                         PreparedI16::new(ty, xt).map(|p| set.push(p))
                     };
@@ -107,13 +145,13 @@ impl CpuBackend {
                     })?;
                 }
             }
-            if (2..=pn_format::dot::SMALL_MAX_ROWS).contains(&rows) {
+            if (2..=pn_format::dot::SMALL_MAX_ROWS).contains(&fused.len()) {
                 // Arranged once per call for every thread's chunks.
                 let mut sg = self.pn_small.lock().unwrap_or_else(|e| e.into_inner());
                 for ty in PnType::ALL {
                     if small_rows_tiled(ty) && outs.iter().any(|(w, _)| w.kind == RowKind::Pn(ty)) {
                         sg[pn_index(ty)]
-                            .update(&g[pn_index(ty)][..rows])
+                            .update(&g[pn_index(ty)][..fused.len()])
                             .map_err(|e| {
                                 ModelError::BadArgument(format!(
                                     "preparing PN activation tiles: {e}"
@@ -125,27 +163,47 @@ impl CpuBackend {
             }
             pn_guard = Some(g);
         }
-        if pn_tiled && outs.iter().any(|(w, _)| matches!(w.kind, RowKind::Pn(_))) {
+        if pn_sets[1..].iter().any(|s| !s.is_empty()) {
             let mut g = self.pn_tiles.lock().unwrap_or_else(|e| e.into_inner());
-            for ty in PnType::ALL {
-                let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+            // A subset's input rows copied together (`[set rows, cols]`).
+            let mut gathered = Vec::new();
+            let tiled = pn_sets[1..].iter().zip(&TILE_PRECISIONS).zip(&mut *g);
+            for ((set, &precision), slots) in tiled {
+                if set.is_empty() {
                     continue;
-                };
-                let xs = &x[..rows * w.cols];
-                let slot = &mut g[pn_index(ty)];
-                // Quantized on every thread: a few parts per thread, claimed dynamically.
-                let run = |n: usize, f: &(dyn Fn(usize) + Sync)| self.pool.run(n, &|_, c| f(c));
-                let r = match slot {
-                    Some(t) => t.update_with(xs, rows, 4 * n_threads, &run),
-                    None => TileActs::new(ty, &xs[..w.cols], 1).and_then(|mut t| {
-                        t.update_with(xs, rows, 4 * n_threads, &run)?;
-                        *slot = Some(t);
-                        Ok(())
-                    }),
-                };
-                r.map_err(|e| {
-                    ModelError::BadArgument(format!("preparing PN activation tiles: {e}"))
-                })?;
+                }
+                for ty in PnType::ALL {
+                    let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+                        continue;
+                    };
+                    let cols = w.cols;
+                    let xs = if set.len() == rows {
+                        &x[..rows * cols]
+                    } else {
+                        gathered.clear();
+                        for &t in set {
+                            gathered.extend_from_slice(&x[t * cols..(t + 1) * cols]);
+                        }
+                        &gathered[..]
+                    };
+                    let slot = &mut slots[pn_index(ty)];
+                    // Quantized on every thread: a few parts per thread, claimed dynamically.
+                    let run = |n: usize, f: &(dyn Fn(usize) + Sync)| self.pool.run(n, &|_, c| f(c));
+                    let parts = 4 * n_threads;
+                    let r = match slot {
+                        Some(t) => t.update_with(xs, set.len(), parts, &run),
+                        None => TileActs::with_precision(ty, precision, &xs[..cols], 1).and_then(
+                            |mut t| {
+                                t.update_with(xs, set.len(), parts, &run)?;
+                                *slot = Some(t);
+                                Ok(())
+                            },
+                        ),
+                    };
+                    r.map_err(|e| {
+                        ModelError::BadArgument(format!("preparing PN activation tiles: {e}"))
+                    })?;
+                }
             }
             tile_guard = Some(g);
         }
@@ -167,26 +225,30 @@ impl CpuBackend {
             if range.is_empty() {
                 return;
             }
-            let tiles = match w.kind {
-                RowKind::Pn(ty) => pn_tiles.and_then(|t| t[pn_index(ty)].as_ref()),
-                RowKind::Stock(_) => None,
-            };
-            let takes_direct = if matches!(w.kind, RowKind::Pn(_)) {
-                pn_direct
-            } else {
-                direct
-            };
-            let r = match (takes_direct, w.kind, pn_acts) {
-                (false, RowKind::Pn(ty), _) if tiles.is_some() => {
-                    tiles.map_or(Ok(()), |t| matmul_pn_tiled(w, ty, t, *y, range))
+            let r = match w.kind {
+                // PN rows: each path for its own input rows.
+                RowKind::Pn(ty) => {
+                    let i = pn_index(ty);
+                    let fused = pn_acts.map(|a| &a[i][..pn_sets[0].len()]);
+                    let small = pn_small.filter(|_| small_rows_tiled(ty)).map(|s| &s[i]);
+                    let tiles = pn_tiles.map(|t| t.each_ref().map(|p| p[i].as_ref()));
+                    let tiled = tiles.into_iter().flatten().zip(&pn_sets[1..]);
+                    fused
+                        .filter(|a| !a.is_empty())
+                        .map_or(Ok(()), |a| {
+                            matmul_pn(w, ty, a, &pn_sets[0], small, *y, range.clone())
+                        })
+                        .and_then(|()| {
+                            tiled
+                                .filter(|(_, set)| !set.is_empty())
+                                .try_for_each(|(t, set)| {
+                                    t.map_or(Ok(()), |t| {
+                                        matmul_pn_tiled(w, ty, t, set, *y, range.clone())
+                                    })
+                                })
+                        })
                 }
-                (true, RowKind::Pn(ty), Some(acts)) => {
-                    let small = pn_small
-                        .filter(|_| small_rows_tiled(ty))
-                        .map(|s| &s[pn_index(ty)]);
-                    matmul_pn(w, ty, &acts[pn_index(ty)][..rows], small, *y, range)
-                }
-                (false, kind, _) if kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
+                kind if !direct && kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
                     .with_scratch(p, block_dot::ROWS * w.cols, |buf| {
                         matmul_decoded(w, x, rows, *y, range, buf)
                     }),
@@ -341,6 +403,7 @@ fn matmul_pn(
     w: &CpuWeight,
     ty: PnType,
     acts: &[PreparedI16],
+    rows_of: &[usize],
     small: Option<&pn_format::dot::SmallActs>,
     y: SyncPtr,
     range: std::ops::Range<usize>,
@@ -351,14 +414,25 @@ fn matmul_pn(
         name: w.name().into(),
         reason: format!("rows {range:?}: {e}"),
     };
-    if let [a] = acts {
+    if acts.len() != rows_of.len() {
+        return Err(ModelError::BadArgument(format!(
+            "matmul `{}`: {} prepared rows for {} outputs",
+            w.name(),
+            acts.len(),
+            rows_of.len()
+        )));
+    }
+    if let ([a], [t]) = (acts, rows_of) {
         // SAFETY: as below, for the single output row.
-        let out = unsafe { std::slice::from_raw_parts_mut(y.get().add(range.start), range.len()) };
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(y.get().add(t * w.rows + range.start), range.len())
+        };
         return pn_format::dot::matvec(ty, bytes, range.len(), a, out).map_err(pn_err);
     }
     if let Some(small) = small {
-        let mut outs: Vec<&mut [f32]> = (0..acts.len())
-            .map(|t| {
+        let mut outs: Vec<&mut [f32]> = rows_of
+            .iter()
+            .map(|&t| {
                 // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint
                 // from the other entries, which are other output rows); in bounds because the
                 // output holds `rows * w.rows` floats (checked by `matmul`).
@@ -387,7 +461,7 @@ fn matmul_pn(
         for (g, group) in acts.chunks(MULTI_ROWS).enumerate() {
             let mut outs: [&mut [f32]; MULTI_ROWS] = Default::default();
             for (j, o) in outs.iter_mut().enumerate().take(group.len()) {
-                let t = g * MULTI_ROWS + j;
+                let t = rows_of[g * MULTI_ROWS + j];
                 // SAFETY: rows `r0..r1` (inside `range`) of output row `t` belong to this
                 // thread only (disjoint from every other `outs` entry, which are other output
                 // rows); in bounds because the output holds `rows * w.rows` floats (checked by
@@ -404,18 +478,21 @@ fn matmul_pn(
 }
 
 /// PN rows against activation tiles (`pn_format::dot::matmul_tiled`: 16 x 16 AMX tiles, or
-/// AVX-512 VNNI vectors of 16 inputs).
+/// AVX-512 VNNI vectors of 16 inputs) whose input `i` is row `rows_of[i]` of the call.
 fn matmul_pn_tiled(
     w: &CpuWeight,
     ty: PnType,
     tiles: &TileActs,
+    rows_of: &[usize],
     y: SyncPtr,
     range: std::ops::Range<usize>,
 ) -> Result<(), ModelError> {
     let rb = w.row_bytes;
     let bytes = &w.bytes()[range.start * rb..range.end * rb];
-    let mut outs: Vec<&mut [f32]> = (0..tiles.n_rows())
-        .map(|t| {
+    // One output per entry of `rows_of` (a count that is not the tiles' is a typed error).
+    let mut outs: Vec<&mut [f32]> = rows_of
+        .iter()
+        .map(|&t| {
             // SAFETY: rows `range` of output row `t` belong to this thread only (disjoint from
             // the other entries, which are other output rows); in bounds because the output
             // holds `rows * w.rows` floats (checked by `matmul`).

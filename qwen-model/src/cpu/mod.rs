@@ -27,6 +27,18 @@ use std::sync::Mutex;
 /// Tokens at or above which the GDN layer uses the chunked delta-rule form.
 pub const GDN_CHUNKED_MIN_TOKENS: usize = 16;
 
+/// The next [`CpuBackend`]'s id.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+thread_local! {
+    /// Per calling thread, the rows of the pass it runs (`Backend::set_state_rows`): the id of
+    /// the backend it declared them to and, per row, whether the row only feeds its sequence's
+    /// state (such rows of PN products may take int8 tiles). Per thread, so sessions running
+    /// passes on one backend from several threads never read each other's rows.
+    pub(crate) static STATE_ROWS: std::cell::RefCell<(u64, Vec<bool>)> =
+        const { std::cell::RefCell::new((0, Vec::new())) };
+}
+
 /// The CPU backend.
 pub struct CpuBackend {
     pool: Pool,
@@ -38,9 +50,14 @@ pub struct CpuBackend {
     /// Activations prepared for PN rows (int16 per block), per PN type and input row; reused
     /// across calls so the buffers are allocated once.
     pn_acts: Mutex<[Vec<PreparedI16>; 2]>,
-    /// Activations quantized to int16 (decode's rule) in AMX tile order, per PN type, for many-row calls on
-    /// a CPU with AMX; reused across calls like `pn_acts`.
-    pn_tiles: Mutex<[Option<TileActs>; 2]>,
+    /// Activations quantized in tile order for many-row calls on a CPU with AMX or AVX-512
+    /// VNNI, `[precision (int16, int8)][PN type]`; reused across calls like `pn_acts`.
+    pn_tiles: Mutex<[[Option<TileActs>; 2]; 2]>,
+    /// The input rows of the current product on each PN path (`CpuBackend::pn_row_sets`),
+    /// kept so a decode step does not allocate them.
+    pn_row_sets: Mutex<[Vec<usize>; 3]>,
+    /// This backend's key in [`STATE_ROWS`] (unique per backend in the process).
+    id: u64,
     /// The prepared activations of a few-row pass (the MTP verify) as AMX byte tiles, per PN
     /// type (`pn_format::dot::SmallActs`); reused across calls like `pn_acts`.
     pn_small: Mutex<[pn_format::dot::SmallActs; 2]>,
@@ -90,7 +107,9 @@ impl CpuBackend {
             scratch: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
             gdn_chunked: true,
             pn_acts: Mutex::new([Vec::new(), Vec::new()]),
-            pn_tiles: Mutex::new([None, None]),
+            pn_tiles: Mutex::new(Default::default()),
+            pn_row_sets: Mutex::new(Default::default()),
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             pn_small: Mutex::new(Default::default()),
             decode_rows_min: DECODE_ROWS_MIN,
             observer: None,
@@ -114,6 +133,14 @@ impl CpuBackend {
     /// Enables or disables the chunked delta-rule form for long inputs (for testing both).
     pub fn set_gdn_chunked(&mut self, on: bool) {
         self.gdn_chunked = on;
+    }
+
+    /// Whether rows that only feed the state (`Backend::set_state_rows`: prompt rows whose
+    /// logits nobody reads) take int8 activations in PN products on this CPU (AVX-512 VNNI
+    /// tiles without AMX, unless `PN_TILE_ACTS=16`); elsewhere every row takes decode's int16.
+    pub fn state_rows_int8() -> bool {
+        pn_format::dot::tiles_available()
+            && pn_format::dot::default_tile_precision() == pn_format::dot::TilePrecision::I8
     }
 
     /// Threads the ops run on.
@@ -178,6 +205,15 @@ macro_rules! with_kv_slices {
 }
 
 impl Backend for CpuBackend {
+    fn set_state_rows(&self, state_only: &mut dyn Iterator<Item = bool>) {
+        STATE_ROWS.with(|s| {
+            let mut s = s.borrow_mut();
+            s.0 = self.id;
+            s.1.clear();
+            s.1.extend(state_only);
+        });
+    }
+
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
     type KvBuf = CpuKv;

@@ -78,6 +78,15 @@ impl<B: Backend> BlockRows<B> for TrunkLayer<'_, '_, '_, B> {
     }
 }
 
+/// Per row of a pass, whether it only feeds its sequence's state ([`Outputs::state_only`]),
+/// from each sequence's `(outputs, first row in the call, rows in the pass, rows in the call)`.
+pub(super) fn state_rows<'a, I>(segs: I) -> impl Iterator<Item = bool> + use<'a, I>
+where
+    I: Iterator<Item = (&'a Outputs<'a>, usize, usize, usize)>,
+{
+    segs.flat_map(|(out, done, n, n_tok)| (done..done + n).map(move |t| out.state_only(t, n_tok)))
+}
+
 /// The first workspace row of sequence `i` of a pass (the rows of those before it).
 pub(super) fn row0<B: Backend>(segs: &[Seg<'_, '_, B>], i: usize) -> usize {
     segs[..i].iter().map(|s| s.tokens.len()).sum()
@@ -162,6 +171,10 @@ impl<B: Backend> Model<B> {
     ) -> Result<(), ModelError> {
         let (be, d) = (&self.backend, self.config.hidden);
         let rows = row0(segs, segs.len());
+        be.set_state_rows(&mut state_rows(
+            segs.iter()
+                .map(|s| (&*s.out, s.done, s.tokens.len(), s.n_tok)),
+        ));
         let table = &self.weights.token_embd.w;
         if let [one] = &*segs {
             be.embed(table, one.tokens, &mut ws.resid)?;

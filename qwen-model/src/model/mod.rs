@@ -54,6 +54,16 @@ pub struct Outputs<'a> {
 }
 
 impl<'a> Outputs<'a> {
+    /// Whether row `t` of a call of `n_tok` tokens only feeds the state: nothing reads its
+    /// logits or its residual stream (its hidden state feeds the MTP cache, which is state
+    /// too). Such rows may take reduced-precision products ([`Backend::set_state_rows`]).
+    ///
+    /// [`Backend::set_state_rows`]: crate::Backend::set_state_rows
+    pub(crate) fn state_only(&self, t: usize, n_tok: usize) -> bool {
+        let logits = self.logits.is_some() && (self.all_rows || t + 1 == n_tok);
+        !logits && self.layer_residuals.is_none()
+    }
+
     /// Logits of the last token only.
     pub fn last_logits(logits: &'a mut [f32]) -> Self {
         Outputs {

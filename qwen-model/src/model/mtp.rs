@@ -162,6 +162,11 @@ impl<B: Backend> Model<B> {
             matrix: mtp.head.as_ref().unwrap_or(self.weights.lm_head()),
         };
         let rows: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        be.set_state_rows(&mut super::batch::state_rows(
+            parts
+                .iter()
+                .map(|p| (&*p.out, p.done, p.tokens.len(), p.n_tok)),
+        ));
         // Embeddings `[rows, D]` in `embed_rows` and the paired hidden states in
         // `final_normed`, each sequence's rows after those of the ones before it.
         if let [one] = &*parts {

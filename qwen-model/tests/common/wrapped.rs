@@ -124,6 +124,9 @@ impl Backend for Wrapped {
             .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         self.inner.embed(t, tokens, out)
     }
+    fn set_state_rows(&self, state_only: &mut dyn Iterator<Item = bool>) {
+        self.inner.set_state_rows(state_only)
+    }
     fn matmul(
         &self,
         x: &Vec<f32>,

@@ -160,6 +160,8 @@ fn rejected_drafts_cost_no_replay_pass() {
 /// One draft of two accepted per step: after the rollback the state is, bitwise, that of
 /// a fresh state fed the same calls the old rollback made (the prompt as the decoder
 /// feeds it, then each step's kept `[x_n, d_1]` in one call), and a step costs one pass.
+/// The calls ask for the outputs the decoder's do (the rows whose logits are read may take
+/// other matrix kernels than state-only rows: `Backend::set_state_rows`).
 #[test]
 fn rollback_state_equals_a_fresh_state_fed_the_kept_tokens() {
     let n_new = 21;
@@ -169,18 +171,24 @@ fn rollback_state_equals_a_fresh_state_fed_the_kept_tokens() {
     let r = run.prompt.len();
     let mut ws = m.new_workspace(16).unwrap();
     let mut fresh = m.new_state(256).unwrap();
+    // Logits `[rows, vocab]` and hidden states `[rows, D]` for the calls' outputs.
+    let (mut logits, mut hidden) = (vec![0f32; 16 * cfg.vocab], vec![0f32; 16 * cfg.hidden]);
     m.forward(
         &mut fresh,
         &mut ws,
         &run.prompt[..r - 1],
-        Outputs::default(),
+        Outputs {
+            hidden: Some(&mut vec![0f32; (r - 1) * cfg.hidden]),
+            all_rows: true,
+            ..Outputs::default()
+        },
     )
     .unwrap();
     m.forward(
         &mut fresh,
         &mut ws,
         &run.prompt[r - 1..],
-        Outputs::default(),
+        Outputs::last_logits(&mut logits[..cfg.vocab]),
     )
     .unwrap();
     let mut fed = 0;
@@ -189,8 +197,14 @@ fn rollback_state_equals_a_fresh_state_fed_the_kept_tokens() {
         assert_eq!(cost, (1, 1 + drafted as u64), "one pass, no replay");
         let kept = &run.truth[fed..fed + 1 + acc.len()];
         assert_eq!(&kept[1..], acc);
-        m.forward(&mut fresh, &mut ws, kept, Outputs::default())
-            .unwrap();
+        let k = kept.len();
+        let verify = Outputs {
+            logits: Some(&mut logits[..k * cfg.vocab]),
+            hidden: Some(&mut hidden[..k * cfg.hidden]),
+            all_rows: true,
+            layer_residuals: None,
+        };
+        m.forward(&mut fresh, &mut ws, kept, verify).unwrap();
         fed += kept.len();
         assert_eq!(fresh.pos(), st.pos());
         if kept.len() >= 2 {

@@ -43,6 +43,13 @@ pub fn all_logits(
 }
 
 /// Greedy continuation of `prompt` (`n` tokens), KV cache of type `kv`.
+///
+/// The prompt's rows all ask for their logits (only the last row's are used), so they take the
+/// full-precision products on every CPU: where the PN tiles are AVX-512 VNNI, rows nobody
+/// reads would take int8 activations (`Backend::set_state_rows`) and elsewhere int16, and the
+/// tiny PN3 model's transcript has a near tie at token 6 (top-2 margin 2.3e-3) that this
+/// difference flips. The int8 prompt rows are covered by `demo/transcripts` (the engine's
+/// real path, a trained model) and by `qwen-model/tests/prompt_precision.rs`.
 pub fn greedy(
     m: &Model<CpuBackend>,
     prompt: &[u32],
@@ -52,13 +59,14 @@ pub fn greedy(
     let v = m.config.vocab;
     let mut state = m.new_state_with_kv(prompt.len() + n, kv)?;
     let mut ws = m.new_workspace(prompt.len().max(1))?;
-    let mut logits = vec![0.0; v];
+    let mut prompt_logits = vec![0.0; prompt.len() * v];
     m.forward(
         &mut state,
         &mut ws,
         prompt,
-        Outputs::last_logits(&mut logits),
+        Outputs::all_logits(&mut prompt_logits),
     )?;
+    let mut logits = prompt_logits.split_off(prompt.len().saturating_sub(1) * v);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let next = argmax(&logits) as u32;
