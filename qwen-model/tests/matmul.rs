@@ -26,18 +26,22 @@ fn exact_dot(w: &[f32], x: &[f32]) -> (f64, f64) {
 /// `ROWS x K` random weights of type `ty` (`encode`), loaded on `be`: the bytes and the weight.
 fn random_weight(be: &CpuBackend, ty: GgmlType, rng: &mut StdRng) -> (Vec<u8>, CpuWeight) {
     let bytes = encode(ty, rng);
-    let src = WeightSource {
+    let w = be.load_weight(&source(ty, &bytes)).unwrap();
+    (bytes, w)
+}
+
+/// `bytes` as the `ROWS x K` weight "w" of type `ty`.
+fn source(ty: GgmlType, bytes: &[u8]) -> WeightSource<'_> {
+    WeightSource {
         name: "w",
         ty,
         rows: ROWS,
         cols: K,
-        bytes: &bytes,
+        bytes,
         rotated: false,
         rotation_block: 0,
         file: None,
-    };
-    let w = be.load_weight(&src).unwrap();
-    (bytes, w)
+    }
 }
 
 /// Encodes `ROWS x K` random weights as `ty` (hand-built blocks for the types gguf-io does not
@@ -263,16 +267,7 @@ fn fused_and_decoded_paths_agree() {
     let mut rng = StdRng::seed_from_u64(14);
     for ty in [GgmlType::Pn3t, GgmlType::Q4K, GgmlType::F16, GgmlType::Q8_0] {
         let bytes = encode(ty, &mut rng);
-        let src = WeightSource {
-            name: "w",
-            ty,
-            rows: ROWS,
-            cols: K,
-            bytes: &bytes,
-            rotated: false,
-            rotation_block: 0,
-            file: None,
-        };
+        let src = source(ty, &bytes);
         let mut fused = CpuBackend::new(2);
         fused.set_decode_rows_min(usize::MAX);
         let mut decoded = CpuBackend::new(2);

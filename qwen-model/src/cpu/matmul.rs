@@ -10,7 +10,7 @@ use super::weight::RowKind;
 use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
 use crate::error::ModelError;
 use pn_format::dot::tiled_pass_rows;
-use pn_format::dot::{default_tile_precision, PreparedI16, TileActs, TilePrecision};
+use pn_format::dot::{PreparedI16, TileActs, TilePrecision};
 use pn_format::PnType;
 use std::sync::Mutex;
 
@@ -51,7 +51,7 @@ impl CpuBackend {
     /// The input rows of a product of `rows` rows that PN weights take on each path: `[fused
     /// int16 kernels, int16 tiles, int8 tiles]` (ascending), written into `sets`. Rows that only feed the
     /// sequences' states ([`Backend::set_state_rows`]) take int8 tiles where that is the tile
-    /// precision ([`default_tile_precision`]), however few; the others take int16 tiles from
+    /// precision ([`CpuBackend::state_rows_int8`]), however few; the others take int16 tiles from
     /// [`TILED_ROWS_MIN`](pn_format::dot::TILED_ROWS_MIN) rows (and the decode-once threshold)
     /// where the CPU has a tile kernel, else the fused kernels. So a row's precision follows
     /// its own role, not the rows it shares a pass with.
@@ -64,7 +64,7 @@ impl CpuBackend {
         super::STATE_ROWS.with(|s| {
             let (id, state_rows) = &*s.borrow();
             let declared = *id == self.id && state_rows.len() == rows;
-            if tiles && declared && default_tile_precision() == TilePrecision::I8 {
+            if declared && Self::state_rows_int8() {
                 for (t, &state_only) in state_rows.iter().enumerate() {
                     if state_only { &mut *int8 } else { &mut *int16 }.push(t);
                 }
@@ -165,27 +165,28 @@ impl CpuBackend {
         }
         if pn_sets[1..].iter().any(|s| !s.is_empty()) {
             let mut g = self.pn_tiles.lock().unwrap_or_else(|e| e.into_inner());
-            // A subset's input rows copied together (`[set rows, cols]`).
+            // Every output shares the input rows (`[rows, cols]`); a subset's rows are copied
+            // together once (`[set rows, cols]`) for every PN type.
+            let cols = outs[0].0.cols;
             let mut gathered = Vec::new();
             let tiled = pn_sets[1..].iter().zip(&TILE_PRECISIONS).zip(&mut *g);
             for ((set, &precision), slots) in tiled {
                 if set.is_empty() {
                     continue;
                 }
+                let xs = if set.len() == rows {
+                    &x[..rows * cols]
+                } else {
+                    gathered.clear();
+                    for &t in set {
+                        gathered.extend_from_slice(&x[t * cols..(t + 1) * cols]);
+                    }
+                    &gathered[..]
+                };
                 for ty in PnType::ALL {
-                    let Some((w, _)) = outs.iter().find(|(w, _)| w.kind == RowKind::Pn(ty)) else {
+                    if !outs.iter().any(|(w, _)| w.kind == RowKind::Pn(ty)) {
                         continue;
-                    };
-                    let cols = w.cols;
-                    let xs = if set.len() == rows {
-                        &x[..rows * cols]
-                    } else {
-                        gathered.clear();
-                        for &t in set {
-                            gathered.extend_from_slice(&x[t * cols..(t + 1) * cols]);
-                        }
-                        &gathered[..]
-                    };
+                    }
                     let slot = &mut slots[pn_index(ty)];
                     // Quantized on every thread: a few parts per thread, claimed dynamically.
                     let run = |n: usize, f: &(dyn Fn(usize) + Sync)| self.pool.run(n, &|_, c| f(c));
@@ -232,21 +233,7 @@ impl CpuBackend {
                     let fused = pn_acts.map(|a| &a[i][..pn_sets[0].len()]);
                     let small = pn_small.filter(|_| small_rows_tiled(ty)).map(|s| &s[i]);
                     let tiles = pn_tiles.map(|t| t.each_ref().map(|p| p[i].as_ref()));
-                    let tiled = tiles.into_iter().flatten().zip(&pn_sets[1..]);
-                    fused
-                        .filter(|a| !a.is_empty())
-                        .map_or(Ok(()), |a| {
-                            matmul_pn(w, ty, a, &pn_sets[0], small, *y, range.clone())
-                        })
-                        .and_then(|()| {
-                            tiled
-                                .filter(|(_, set)| !set.is_empty())
-                                .try_for_each(|(t, set)| {
-                                    t.map_or(Ok(()), |t| {
-                                        matmul_pn_tiled(w, ty, t, set, *y, range.clone())
-                                    })
-                                })
-                        })
+                    matmul_pn_paths(w, ty, (fused, small), tiles, &pn_sets, *y, range)
                 }
                 kind if !direct && kind != RowKind::Stock(gguf_io::GgmlType::F32) => self
                     .with_scratch(p, block_dot::ROWS * w.cols, |buf| {
@@ -472,6 +459,29 @@ fn matmul_pn(
             }
             pn_format::dot::matvec_multi(ty, tile, r1 - r0, group, &mut outs[..group.len()])
                 .map_err(pn_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rows `range` of PN weight `w` for every input row, each set of rows on its own path
+/// (`CpuBackend::pn_row_sets`): the fused kernels on `fused` (with the few-row tiles `small`
+/// where they apply), then each tile precision on its `tiles`.
+fn matmul_pn_paths(
+    w: &CpuWeight,
+    ty: PnType,
+    (fused, small): (Option<&[PreparedI16]>, Option<&pn_format::dot::SmallActs>),
+    tiles: Option<[Option<&TileActs>; 2]>,
+    sets: &[Vec<usize>; 3],
+    y: SyncPtr,
+    range: std::ops::Range<usize>,
+) -> Result<(), ModelError> {
+    if let Some(acts) = fused.filter(|a| !a.is_empty()) {
+        matmul_pn(w, ty, acts, &sets[0], small, y, range.clone())?;
+    }
+    for (t, set) in tiles.into_iter().flatten().zip(&sets[1..]) {
+        if let Some(t) = t.filter(|_| !set.is_empty()) {
+            matmul_pn_tiled(w, ty, t, set, y, range.clone())?;
         }
     }
     Ok(())
