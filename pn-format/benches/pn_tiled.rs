@@ -1,15 +1,18 @@
 //! A prompt chunk of 64 input rows against the 27B `ffn_up` (pn3t, 17408 x 5120) and
 //! `ffn_down` (pn4t, 5120 x 17408) shapes on one thread: the AMX tiles (`matmul_tiled`, where
 //! the CPU has AMX: the register-blocked kernel, the one-tile kernel it replaced, and the
-//! activation-tile preparation), the fused int16 kernels in groups of 8 (`matvec_multi`, the
-//! path without AMX) and a plain read of the same bytes. Report ratios within one run
+//! activation-tile preparation; the AVX-512 VNNI kernel), the int8-activation kernels (AVX-512
+//! VNNI, AVX2: the prompt rows whose logits nobody reads, without AMX), the fused int16 kernels
+//! in groups of 8 (`matvec_multi`, the logits rows' path without a tile kernel) and a plain
+//! read of the same bytes. `PN_ISA=avx2` shows an AVX2-only host. Report ratios within one run
 //! (criterion's `estimates.json` medians, divided), never bare times; the time per input row is
 //! what a prompt token costs. `PN_BENCH_CLOCK=cpu` times the thread's CPU time instead of the
 //! wall clock (a loaded machine).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pn_format::dot::{
-    matmul_tiled_kernel, matvec_multi, tiles_available, TileActs, TileKernel, MAX_ACTS,
+    matmul_tiled_kernel, matvec_multi, tiles_available, TileActs, TileKernel, TilePrecision,
+    MAX_ACTS,
 };
 use pn_format::{PnType, PreparedI16};
 use rand::rngs::StdRng;
@@ -67,6 +70,26 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
             let t = std::sync::Mutex::new(tiles.clone());
             b.iter_custom(|n| {
                 clock::run_split(n, 1, 1, &|_, _| t.lock().unwrap().update(&x, N).unwrap())
+            })
+        });
+    }
+    // Int8 activations (the prompt rows whose logits nobody reads, on CPUs without AMX): the
+    // VNNI kernel and the AVX2 one, each where the CPU runs it.
+    let tiles8 = TileActs::with_precision(ty, TilePrecision::I8, &x, N).unwrap();
+    let int8 = [
+        ("tiled_vnni_int8", TileKernel::Vnni),
+        ("tiled_avx2_int8", TileKernel::Avx2),
+    ];
+    for (name, kernel) in int8.into_iter().filter(|(_, k)| k.is_available()) {
+        g.bench_function(name, |b| {
+            let outs = std::sync::Mutex::new(&mut outs);
+            b.iter_custom(|n| {
+                clock::run_split(n, 1, 1, &|_, _| {
+                    let mut o = outs.lock().unwrap();
+                    let mut refs: Vec<&mut [f32]> =
+                        o.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles8, &mut refs).unwrap();
+                })
             })
         });
     }

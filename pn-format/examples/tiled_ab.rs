@@ -3,11 +3,13 @@
 //! adds time). `cargo run --release -p pn-format --example tiled_ab [reps]`; `PN_AB_FULL=1`
 //! takes the whole 27B `ffn_up`/`ffn_down` shapes, `PN_AB_INPUTS` the input rows (64),
 //! `PN_AB_ROWS` caps the weight rows (a matrix that stays in L2: the compute ceiling). The
-//! VNNI kernel runs on int16 and on int8 activations (`Vnni/I8`).
+//! VNNI kernel runs on int16 and on int8 activations (`Vnni/I8`), the AVX2 one on int8
+//! (`Avx2/I8`); the fused multi-vector int16 kernels (`fused x8`, what CPUs without a tile
+//! kernel run) are timed too. `PN_ISA=avx2` shows an AVX2-only host.
 
 use pn_format::dot::{
-    amx_available, matmul_tiled_kernel, matvec_small, SmallActs, TileActs, TileKernel,
-    TilePrecision, SMALL_MAX_ROWS,
+    amx_available, matmul_tiled_kernel, matvec_multi, matvec_small, SmallActs, TileActs,
+    TileKernel, TilePrecision, SMALL_MAX_ROWS,
 };
 use pn_format::PnType;
 use pn_format::PreparedI16;
@@ -36,19 +38,19 @@ fn main() {
     .into_iter()
     .filter(|k| k.is_available())
     .collect();
-    // Every kernel on int16; the VNNI one on int8 too.
+    // Every int16 kernel on int16; the VNNI and AVX2 ones on int8.
     let variants: Vec<(TileKernel, TilePrecision)> = kernels
         .iter()
         .map(|&k| (k, TilePrecision::I16))
         .chain(
-            kernels
-                .iter()
-                .filter(|&&k| k == TileKernel::Vnni)
-                .map(|&k| (k, TilePrecision::I8)),
+            [TileKernel::Vnni, TileKernel::Avx2]
+                .into_iter()
+                .filter(|k| k.is_available())
+                .map(|k| (k, TilePrecision::I8)),
         )
         .collect();
-    if kernels.is_empty() {
-        println!("no tile kernel (neither AMX nor AVX-512 VNNI)");
+    if variants.is_empty() {
+        println!("no tile kernel (neither AMX nor AVX-512 VNNI nor AVX2)");
         return;
     }
     let mut s = 1u64;
@@ -137,15 +139,36 @@ fn main() {
                 mac / b.as_secs_f64() / 1e9
             );
         }
+        // The fused multi-vector kernels, 8 inputs per pass over 1 MiB row tiles (the CPU
+        // matmul's fused path).
+        let prepared: Vec<PreparedI16> = x
+            .chunks_exact(k)
+            .map(|xt| PreparedI16::new(ty, xt).unwrap())
+            .collect();
+        let rb = nb * 34;
+        let tile_rows = ((1 << 20) / rb).max(16);
+        let mut best_fused = Duration::MAX;
+        for _ in 0..reps.min(3) {
+            let t0 = thread_cpu();
+            for r0 in (0..rows).step_by(tile_rows) {
+                let r1 = (r0 + tile_rows).min(rows);
+                for (g, o) in prepared.chunks(8).zip(outs.chunks_mut(8)) {
+                    let mut refs: Vec<&mut [f32]> = o.iter_mut().map(|o| &mut o[r0..r1]).collect();
+                    matvec_multi(ty, &w[r0 * rb..r1 * rb], r1 - r0, g, &mut refs).unwrap();
+                }
+            }
+            best_fused = best_fused.min(thread_cpu() - t0);
+        }
+        print!(
+            "  fused x8 {:.2} ms ({:.0} GMAC/s)",
+            best_fused.as_secs_f64() * 1e3,
+            mac / best_fused.as_secs_f64() / 1e9
+        );
         if !amx_available() {
             println!();
             continue;
         }
         // The few-row kernel (inputs in the A tile), in groups of 16 inputs.
-        let prepared: Vec<PreparedI16> = x
-            .chunks_exact(k)
-            .map(|xt| PreparedI16::new(ty, xt).unwrap())
-            .collect();
         let smalls: Vec<SmallActs> = prepared
             .chunks(SMALL_MAX_ROWS)
             .map(|g| {

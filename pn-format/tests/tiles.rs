@@ -1,9 +1,9 @@
-//! The tiled (AMX, AVX-512 VNNI) matrix product: each kernel == its portable reference on random rows (odd block
+//! The tiled (AMX, AVX-512 VNNI, AVX2 int8) matrix product: each kernel == its portable reference on random rows (odd block
 //! counts, row counts that are not a multiple of 16, 1..=40 input rows, unaligned weights,
 //! adversarial activations; the AMX kernels bit-identical), the reference == the decode kernel
 //! (`matvec` on decode's int16 activations: the same integer block sums) within f32 rounding,
 //! and typed errors for every shape mismatch. Each fast kernel's half runs where the CPU has
-//! its instructions (AMX; AVX-512 VNNI).
+//! its instructions (AMX; AVX-512 VNNI; AVX2).
 
 mod common;
 
@@ -234,9 +234,11 @@ proptest! {
                 );
             }
         }
-        // Every fast kernel named runs int8 activations on the VNNI kernel (or the reference
-        // without VNNI): bit-identical to the reference.
-        for kernel in [TileKernel::Vnni, TileKernel::AmxBlocked, TileKernel::AmxOneTile] {
+        // Every fast kernel named runs int8 activations on the best int8 kernel (VNNI, else
+        // AVX2, else the reference), the AVX2 one named on the AVX2 kernel: bit-identical to
+        // the reference.
+        let kernels = [TileKernel::Vnni, TileKernel::AmxBlocked, TileKernel::AmxOneTile];
+        for kernel in kernels.into_iter().chain([TileKernel::Avx2]) {
             let mut got = vec![vec![f32::NAN; rows]; m];
             let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
             matmul_tiled_kernel(kernel, ty, w, rows, &tiles, &mut refs).unwrap();
@@ -264,10 +266,12 @@ fn int8_non_finite_activations_give_nan() {
     let mut both = vec![-1.0f32; 240];
     both.extend_from_slice(&x);
     let tiles = TileActs::with_precision(ty, TilePrecision::I8, &both, 2).unwrap();
-    for fast in [false, true] {
-        let got = tiled(fast, ty, &w, 19, &tiles);
-        assert!(got[0].iter().all(|v| v.is_finite()), "fast {fast}");
-        assert!(got[1].iter().all(|v| v.is_nan()), "fast {fast}");
+    for kernel in [TileKernel::Reference, TileKernel::Vnni, TileKernel::Avx2] {
+        let mut got = vec![vec![0f32; 19]; 2];
+        let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+        matmul_tiled_kernel(kernel, ty, &w, 19, &tiles, &mut refs).unwrap();
+        assert!(got[0].iter().all(|v| v.is_finite()), "{kernel:?}");
+        assert!(got[1].iter().all(|v| v.is_nan()), "{kernel:?}");
     }
 }
 
@@ -377,5 +381,41 @@ fn update_in_parallel_parts_equals_serial() {
             tiled(true, ty, &w, rows, &t),
             tiled(true, ty, &w, rows, &serial)
         );
+    }
+}
+
+/// Rows long enough to cross the lane-parallel kernels' chunks (32 blocks) and K panels (a
+/// few hundred blocks for 64 inputs), with a row count that leaves a short last pass: every
+/// kernel bit-identical to the reference, at both precisions.
+#[test]
+fn long_rows_cross_chunks_and_panels() {
+    let mut rng = Rng(0x600d);
+    for (ty, nb) in [(PnType::Pn4t, 272), (PnType::Pn3t, 203)] {
+        let bpw = ty.weights_per_block();
+        let (rows, m) = (13, 40);
+        let w = random_rows(nb, rows, 77);
+        let xs: Vec<Vec<f32>> = (0..m).map(|_| rng.normals(nb * bpw, 1.5)).collect();
+        for precision in [TilePrecision::I16, TilePrecision::I8] {
+            let tiles = TileActs::with_precision(ty, precision, &flat(&xs), m).unwrap();
+            let want = tiled(false, ty, &w, rows, &tiles);
+            let kernels = [
+                TileKernel::Vnni,
+                TileKernel::Avx2,
+                TileKernel::AmxBlocked,
+                TileKernel::AmxOneTile,
+            ];
+            for kernel in kernels {
+                let mut got = vec![vec![f32::NAN; rows]; m];
+                let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_tiled_kernel(kernel, ty, &w, rows, &tiles, &mut refs).unwrap();
+                for (t, (g, r)) in got.iter().zip(&want).enumerate() {
+                    let same = g.iter().zip(r).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{kernel:?} {precision:?} {ty} input {t}: {g:?} vs {r:?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -18,7 +18,24 @@
 //! [`matvec_multi`] multiplies a matrix with up to [`MAX_ACTS`] int16-prepared vectors in one pass
 //! over the weights (each block unpacked once), for speculative verification and small batches;
 //! [`matmul_tiled`] multiplies it with many (prompt chunks) in 16 x 16 AMX tiles (or 16-lane
-//! AVX-512 VNNI vectors without AMX), with the same per-block integer sums.
+//! AVX-512 VNNI vectors without AMX, or, for int8 activations, AVX2 vectors), with the same
+//! per-block integer sums.
+
+/// Repeats `$body` with `$s` bound to each constant slot below `$n` (at most 20).
+#[cfg(target_arch = "x86_64")]
+macro_rules! slots {
+    ($s:ident < $n:expr, $body:block) => {
+        slots!(@ $s, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19)
+    };
+    (@ $s:ident, $n:expr, $body:block, $($k:literal)*) => {
+        $(
+            if $k < $n {
+                let $s: usize = $k;
+                $body
+            }
+        )*
+    };
+}
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -29,6 +46,8 @@ mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod tiles_amx;
 #[cfg(target_arch = "x86_64")]
+mod tiles_avx2;
+#[cfg(target_arch = "x86_64")]
 mod tiles_quant;
 mod tiles_small;
 #[cfg(target_arch = "x86_64")]
@@ -36,15 +55,17 @@ mod tiles_small_amx;
 #[cfg(target_arch = "x86_64")]
 mod tiles_vnni;
 #[cfg(target_arch = "x86_64")]
+mod tiles_walk;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};
 pub use tiles::{
-    amx_available, default_kernel, default_tile_precision, matmul_tiled, matmul_tiled_kernel,
-    matmul_tiled_with, tiled_pass_rows, tiles_available, vnni_tiles_available, TileActs,
-    TileKernel, TilePrecision, TILE, TILED_ROWS_MIN,
+    amx_available, avx2_tiles_available, default_kernel, default_tile_precision, int8_kernel,
+    matmul_tiled, matmul_tiled_kernel, matmul_tiled_with, tiled_pass_rows, tiles_available,
+    vnni_tiles_available, TileActs, TileKernel, TilePrecision, TILE, TILED_ROWS_MIN,
 };
 pub use tiles_small::{matvec_small, matvec_small_reference, SmallActs, SMALL_MAX_ROWS};
 

@@ -1,7 +1,8 @@
 //! The tiled matrix-matrix product for many input rows (prompt chunks): `out[t][r] = dot(row r,
 //! x[t])` for groups of 16 input rows at a time: on AMX tiles where the CPU has them (16 x 16),
 //! else with AVX-512 VNNI (the 16 inputs in the lanes of a vector, 8 weight rows per pass;
-//! `tiles_vnni`), else the portable reference.
+//! `tiles_vnni`), else, for int8 activations, with AVX2 (`tiles_avx2`), else the portable
+//! reference.
 //!
 //! Activations are quantized per weight block to int16 exactly as decode quantizes them
 //! ([`super::PreparedI16`]: `x ~= sx * q`, `sx = amax / 32767`, `q` rounded half away from
@@ -20,7 +21,8 @@
 //! Prompt chunks on CPUs with AVX-512 VNNI but no AMX quantize to int8 instead
 //! ([`TilePrecision::I8`], [`default_tile_precision`]): one `vpdpbusd` per four products
 //! instead of two, so the tile kernel does twice the multiply-adds per instruction (llama.cpp's
-//! 8-bit activations do the same). The int8 error, at most `1/254` of a block's largest
+//! 8-bit activations do the same). On AVX2 CPUs (no int16 tile kernel) they take int8 too, on
+//! the `vpmaddubsw` kernel of `tiles_avx2`. The int8 error, at most `1/254` of a block's largest
 //! activation, is two orders below the 3-4-bit weights' own; decode and the verify pass keep
 //! int16, and `PN_TILE_ACTS=16` keeps prompt rows on decode's integer sums.
 
@@ -58,8 +60,9 @@ impl TilePrecision {
 }
 
 /// The precision prompt chunks should quantize to here: int8 where the tile kernel is the
-/// AVX-512 VNNI one ([`TileKernel::Vnni`]: twice the products per instruction), int16 on AMX
-/// (whose int16 kernels are already far ahead of the weights' read) and on the reference.
+/// AVX-512 VNNI one ([`TileKernel::Vnni`]: twice the products per instruction) or where only
+/// the AVX2 int8 kernel exists ([`TileKernel::Avx2`]), int16 on AMX (whose int16 kernels are
+/// already far ahead of the weights' read) and on the reference.
 /// `PN_TILE_ACTS=16` (or `8`) forces one, for A/B runs and for prefill numerics identical to
 /// decode's. Cached after the first call.
 pub fn default_tile_precision() -> TilePrecision {
@@ -68,6 +71,12 @@ pub fn default_tile_precision() -> TilePrecision {
         Ok("16") => TilePrecision::I16,
         Ok("8") => TilePrecision::I8,
         _ if default_kernel() == TileKernel::Vnni => TilePrecision::I8,
+        // AVX2 without VNNI: int16 rows have no tile kernel, int8 rows do.
+        _ if default_kernel() == TileKernel::Reference
+            && int8_kernel() != TileKernel::Reference =>
+        {
+            TilePrecision::I8
+        }
         _ => TilePrecision::I16,
     })
 }
@@ -254,10 +263,34 @@ pub fn vnni_tiles_available() -> bool {
     })
 }
 
-/// Whether [`matmul_tiled`] runs a fast kernel here (AMX, or AVX-512 VNNI without it): where it
-/// does not, callers with many input rows use [`super::matvec_multi`] instead.
+/// Whether the AVX2 int8 tile kernel ([`TileKernel::Avx2`]) can run here: the CPU has AVX2,
+/// FMA and F16C, not capped away by [`crate::ISA_ENV`], and `PN_AVX2_TILES` is not `0` (for A/B
+/// runs against the fused multi-vector kernels). Cached after the first call.
+pub fn avx2_tiles_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(std::env::var("PN_AVX2_TILES").as_deref(), Ok("0"))
+            && crate::Isa::detect() >= crate::Isa::Avx2
+    })
+}
+
+/// Whether [`matmul_tiled`] runs a fast kernel here for int16 activations (AMX, or AVX-512 VNNI
+/// without it): where it does not, callers with many such input rows use
+/// [`super::matvec_multi`] instead. Int8 activations have more ([`int8_kernel`]).
 pub fn tiles_available() -> bool {
     default_kernel() != TileKernel::Reference
+}
+
+/// The kernel [`matmul_tiled`] runs int8 activations on: AVX-512 VNNI (also on AMX CPUs, all of
+/// which have it), else AVX2, else the reference.
+pub fn int8_kernel() -> TileKernel {
+    if vnni_tiles_available() {
+        TileKernel::Vnni
+    } else if avx2_tiles_available() {
+        TileKernel::Avx2
+    } else {
+        TileKernel::Reference
+    }
 }
 
 /// `outs[t][r] = dot(row r, acts[t])` for `rows` consecutive rows of `weights`, in tiles of 16
@@ -271,11 +304,20 @@ pub fn matmul_tiled(
     acts: &TileActs,
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
-    matmul_tiled_kernel(default_kernel(), ty, weights, rows, acts, outs)
+    matmul_tiled_kernel(fast_kernel(acts.precision), ty, weights, rows, acts, outs)
 }
 
-/// [`matmul_tiled`] with the kernel chosen: `fast` (the kernel of [`default_kernel`]) or the
-/// portable reference.
+/// The fastest kernel here for activations of `precision`: [`default_kernel`] for int16,
+/// [`int8_kernel`] for int8.
+fn fast_kernel(precision: TilePrecision) -> TileKernel {
+    match precision {
+        TilePrecision::I16 => default_kernel(),
+        TilePrecision::I8 => int8_kernel(),
+    }
+}
+
+/// [`matmul_tiled`] with the kernel chosen: `fast` (the fastest here for the activations' precision,
+/// see [`int8_kernel`]) or the portable reference.
 pub fn matmul_tiled_with(
     fast: bool,
     ty: PnType,
@@ -285,7 +327,7 @@ pub fn matmul_tiled_with(
     outs: &mut [&mut [f32]],
 ) -> Result<(), PnError> {
     let kernel = if fast {
-        default_kernel()
+        fast_kernel(acts.precision)
     } else {
         TileKernel::Reference
     };
@@ -295,8 +337,8 @@ pub fn matmul_tiled_with(
 /// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. Each falls back to the
 /// reference where its instructions are missing ([`amx_available`],
 /// [`vnni_tiles_available`]); all give the same integer sums per block, summed in the same
-/// order: bit-identical results. Int8 activations ([`TilePrecision::I8`]) run on the VNNI
-/// kernel whichever fast kernel is named.
+/// order: bit-identical results. Int8 activations ([`TilePrecision::I8`]) run on
+/// [`int8_kernel`] whichever fast kernel is named, except [`TileKernel::Avx2`] itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TileKernel {
     /// The portable reference (slow).
@@ -307,6 +349,9 @@ pub enum TileKernel {
     AmxBlocked,
     /// AVX-512 VNNI: 16 inputs in the lanes of a vector, 8 weight rows per pass.
     Vnni,
+    /// AVX2 `vpmaddubsw`, int8 activations only (int16 ones run the reference): 16 inputs in
+    /// the lanes of two vectors, 3 weight rows per pass.
+    Avx2,
 }
 
 impl TileKernel {
@@ -316,19 +361,24 @@ impl TileKernel {
             TileKernel::Reference => true,
             TileKernel::AmxOneTile | TileKernel::AmxBlocked => amx_available(),
             TileKernel::Vnni => vnni_tiles_available(),
+            TileKernel::Avx2 => avx2_tiles_available(),
         }
     }
 }
 
-/// Weight rows per pass of [`matmul_tiled`]'s kernel: row ranges that are multiples of it
-/// waste no tile work (a range that is not computes zero rows in its last pass).
-pub fn tiled_pass_rows(ty: PnType) -> usize {
+/// Weight rows per pass of [`matmul_tiled`]'s kernel for activations of `precision`: row
+/// ranges that are multiples of it waste no tile work (a range that is not computes zero rows
+/// in its last pass).
+pub fn tiled_pass_rows(ty: PnType, precision: TilePrecision) -> usize {
+    let kernel = fast_kernel(precision);
     #[cfg(target_arch = "x86_64")]
-    match default_kernel() {
+    match kernel {
         TileKernel::AmxBlocked => return super::tiles_amx::pass_rows(ty),
         TileKernel::Vnni => return super::tiles_vnni::ROWS,
+        TileKernel::Avx2 => return super::tiles_avx2::ROWS,
         _ => {}
     }
+    let _ = kernel;
     let _ = ty;
     TILE
 }
@@ -410,16 +460,27 @@ pub fn matmul_tiled_kernel(
     }
     #[cfg(target_arch = "x86_64")]
     if acts.precision == TilePrecision::I8 {
-        if kernel != TileKernel::Reference && vnni_tiles_available() {
-            // SAFETY: AVX-512 F/BW/VNNI available; shapes checked above.
-            unsafe { super::tiles_vnni::matmul(ty, weights, rows, nb, acts, outs) };
-            return Ok(());
+        // SAFETY: the kernel's instructions are available (`int8_kernel`); shapes checked
+        // above.
+        // The AVX2 kernel when named (to test it on a VNNI CPU), else the best one.
+        let kernel = match kernel {
+            TileKernel::Reference => TileKernel::Reference,
+            TileKernel::Avx2 if avx2_tiles_available() => TileKernel::Avx2,
+            _ => int8_kernel(),
+        };
+        match kernel {
+            TileKernel::Avx2 => unsafe {
+                super::tiles_avx2::matmul(ty, weights, rows, nb, acts, outs)
+            },
+            TileKernel::Vnni => unsafe {
+                super::tiles_vnni::matmul(ty, weights, rows, nb, acts, outs)
+            },
+            _ => reference(ty, weights, rows, nb, acts, outs),
         }
-        reference(ty, weights, rows, nb, acts, outs);
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if kernel != TileKernel::Reference && kernel.is_available() {
+    if !matches!(kernel, TileKernel::Reference | TileKernel::Avx2) && kernel.is_available() {
         // SAFETY: the kernel's instructions are available (AMX: and the tile state granted);
         // `weights` holds `rows` rows of `nb` blocks and `acts` was built for `nb` blocks of `ty`
         // (both checked above), every output holds `rows` values.

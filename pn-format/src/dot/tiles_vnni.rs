@@ -7,7 +7,7 @@
 //! inputs in the lanes, so one weight row's four codes of a quad, broadcast to every lane,
 //! multiply all 16 inputs at once and the sums land per input: no horizontal reduction.
 //!
-//! Per pass of [`ROWS`] weight rows and [`CHUNK`] blocks, the codes are unpacked once into
+//! Per pass of [`ROWS`] weight rows and `CHUNK` blocks, the codes are unpacked once into
 //! bytes (`[row][block][slot]`, the quads in the order the unpacker emits them, see
 //! [`slot_quad`]) with the block scales as f32; then every group of 16 inputs walks the chunk:
 //! per quad two vector loads (the planes) feed `2 ROWS` multiply-adds, each row's quad broadcast
@@ -21,7 +21,7 @@
 //! (`|sum (n - z) q| <= 80 * 4 * 32767 < 2^24`, exact in f32), scaled and summed over blocks in
 //! the same order, so the results are bit-identical to theirs.
 //!
-//! The passes walk the matrix in K panels whose activations stay in L2 ([`PANEL_BYTES`]), the
+//! The passes walk the matrix in K panels whose activations stay in L2 (`tiles_walk`), the
 //! sums carried across panels; the next chunk's weights are prefetched while the groups run.
 //!
 //! Speed (`cargo run --release -p pn-format --example tiled_ab`, one thread's CPU clock, AMD
@@ -33,19 +33,13 @@
 
 use super::amx::write_rows;
 use super::tiles::{TileActs, TilePrecision, TILE};
+use super::tiles_walk::{panel_blocks, CHUNK, MAX_BPW};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
 /// Weight rows per pass: two int32 accumulators and one f32 sum per row stay in registers
 /// (`3 ROWS` of the 32 vector registers), with the two planes and the broadcast code quad.
 pub const ROWS: usize = 8;
-
-/// Blocks unpacked per pass before the input groups walk them: `ROWS x CHUNK x 80` bytes of
-/// codes (20 KiB) stay in L1 while every group passes.
-const CHUNK: usize = 32;
-
-/// Most code bytes per block (pn3t).
-const MAX_BPW: usize = 80;
 
 /// The unpacked codes of one pass: `[row][block][slot quad][4]`.
 #[repr(C, align(64))]
@@ -169,37 +163,10 @@ unsafe fn unpack_bw<const BITS: u32, const S: usize>(row: *const u8, b: usize, o
     }
 }
 
-/// Repeats `$body` with `$s` bound to each constant slot below `$n` (at most 20).
-macro_rules! slots {
-    ($s:ident < $n:expr, $body:block) => {
-        slots!(@ $s, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19)
-    };
-    (@ $s:ident, $n:expr, $body:block, $($k:literal)*) => {
-        $(
-            if $k < $n {
-                let $s: usize = $k;
-                $body
-            }
-        )*
-    };
-}
-
-/// Bytes of activations (both planes, every group) one K panel keeps: the panel is walked once
-/// per pass of [`ROWS`] weight rows, so it should stay in L2 (1 MiB on Zen 4/5, 1.25-2 MiB on
-/// Intel) while the weights stream through it. Without panels, `ffn_down`'s 64 x 17408
-/// activations (2.2 MB) came from L3 on every pass (`pn_tiled` bench, one thread: pn4t 43.1 ms
-/// against 40.0 with 512 KiB panels); a third of L2 rather than most of it because the
-/// weights, the unpacked codes and the sums share it (27B-shaped pp64, 2 threads, alternated
-/// on a noisy hour: 8.96 and 9.68 t/s at 320 KiB against 7.58 and 9.38 at 768 KiB).
-const PANEL_BYTES: usize = 384 * 1024;
-
-/// Blocks per K panel for `groups` groups of 16 inputs of `planes` byte planes: a whole number
-/// of chunks, at least one.
-fn panel_blocks(bpw: usize, groups: usize, planes: usize) -> usize {
-    let per_block = groups * planes * bpw * TILE;
-    (PANEL_BYTES / per_block / CHUNK).max(1) * CHUNK
-}
-
+/// The kernel keeps its own copy of `tiles_walk::Walk`'s loop (the same panels, passes, chunks
+/// and prefetch): driven through `Walk`, LLVM allocated the int8 pair pass's registers worse
+/// (619 vector spills and reloads in the pn4t int8 kernel against 108; `tiled_ab` pn4t int8
+/// 166 GMAC/s against 305-336).
 #[inline(always)]
 unsafe fn kernel<const BITS: u32, const S: usize, const VBMI: bool, const I8: bool>(
     weights: &[u8],
@@ -419,67 +386,29 @@ unsafe fn dpbusd(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tiles_walk::check_unpacker;
     use super::*;
 
-    /// The code of tile position `kk` of a block's 32 code bytes, straight from the format:
-    /// lane `l = kk % 16` (word `l / 2`, half `l % 2`), pair `j = kk / 16`.
-    fn code(ty: PnType, words: &[u8], kk: usize) -> u8 {
-        let (j, l) = (kk / 16, kk % 16);
-        let w = u32::from_le_bytes(words[4 * (l / 2)..4 * (l / 2) + 4].try_into().unwrap());
-        let shift = ty.bits() * j as u32 + 16 * (l % 2) as u32;
-        ((w >> shift) & u32::from(ty.max_code())) as u8
-    }
-
-    /// Both unpackers put quad `slot_quad(s)`'s four codes in slot `s`, for every bit pattern
-    /// (reserved bits set too: the unpack never reads them into a code) at odd and even block
-    /// offsets (unaligned words).
+    /// Both unpackers put quad `slot_quad(s)`'s four codes in slot `s`.
     #[test]
     fn unpackers_write_each_slot_its_quad() {
         if !crate::Isa::Avx512Vnni.is_available() {
             return;
         }
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut row = [0u8; 3 * BLOCK_BYTES];
-        for round in 0..200 {
-            for v in row.iter_mut() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                *v = s as u8;
+        // SAFETY (both): AVX-512 F/BW/VNNI checked above (VBMI below); the row holds block b.
+        check_unpacker("bw", slot_quad, &|ty, row, b, got| unsafe {
+            match ty {
+                PnType::Pn3t => unpack_bw_test::<3, 5>(row.as_ptr(), b, got),
+                PnType::Pn4t => unpack_bw_test::<4, 4>(row.as_ptr(), b, got),
             }
-            if round == 0 {
-                row.fill(0xff);
-            }
-            for ty in PnType::ALL {
-                let slots = ty.weights_per_block() / 4;
-                for b in 0..3 {
-                    let words = &row[BLOCK_BYTES * b + 2..BLOCK_BYTES * (b + 1)];
-                    let want: Vec<u8> = (0..slots)
-                        .flat_map(|s| (0..4).map(move |lq| 4 * slot_quad(s) + lq))
-                        .map(|kk| code(ty, words, kk))
-                        .collect();
-                    let mut got = [0u8; MAX_BPW];
-                    // SAFETY: AVX-512 F/BW/VNNI checked above (VBMI below); the row holds block b.
-                    unsafe {
-                        match ty {
-                            PnType::Pn3t => unpack_bw_test::<3, 5>(row.as_ptr(), b, &mut got),
-                            PnType::Pn4t => unpack_bw_test::<4, 4>(row.as_ptr(), b, &mut got),
-                        }
-                    }
-                    assert_eq!(&got[..4 * slots], &want[..], "bw {ty} block {b}");
-                    if super::super::x86::has_vbmi() {
-                        let mut got = [0u8; MAX_BPW];
-                        // SAFETY: as above, with VBMI.
-                        unsafe {
-                            match ty {
-                                PnType::Pn3t => unpack_vbmi_test::<3, 5>(row.as_ptr(), b, &mut got),
-                                PnType::Pn4t => unpack_vbmi_test::<4, 4>(row.as_ptr(), b, &mut got),
-                            }
-                        }
-                        assert_eq!(&got[..4 * slots], &want[..], "vbmi {ty} block {b}");
-                    }
+        });
+        if super::super::x86::has_vbmi() {
+            check_unpacker("vbmi", slot_quad, &|ty, row, b, got| unsafe {
+                match ty {
+                    PnType::Pn3t => unpack_vbmi_test::<3, 5>(row.as_ptr(), b, got),
+                    PnType::Pn4t => unpack_vbmi_test::<4, 4>(row.as_ptr(), b, got),
                 }
-            }
+            });
         }
     }
 

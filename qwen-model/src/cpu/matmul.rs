@@ -4,7 +4,8 @@
 //! many input rows go through the tiled product (`pn_format::dot::matmul_tiled`: 16 x 16 AMX
 //! tiles, or 16 inputs in the lanes of a VNNI vector) instead of the fused kernels, on int16
 //! activations (AMX: decode's numerics) or int8 ones (VNNI without AMX:
-//! `pn_format::dot::default_tile_precision`).
+//! `pn_format::dot::default_tile_precision`); on AVX2 CPUs the rows that only feed the state
+//! take the AVX2 int8 tiles, the others the fused kernels.
 
 use super::weight::RowKind;
 use super::{block_dot, kernels, split_range, CpuBackend, CpuWeight, SyncPtr};
@@ -213,7 +214,15 @@ impl CpuBackend {
         let pn_tiles = tile_guard.as_deref();
         let total_rows: usize = targets.iter().map(|(w, _)| w.map_or(0, |w| w.rows)).sum();
         let single = n_threads == 1 || total_rows * rows < 64;
-        let plan = ChunkPlan::new(targets, n_threads, single, pn_tiles.is_some());
+        let mut tiled = [TilePrecision::I16; 2];
+        let mut n_tiled = 0;
+        for (set, &precision) in pn_sets[1..].iter().zip(&TILE_PRECISIONS) {
+            if !set.is_empty() {
+                tiled[n_tiled] = precision;
+                n_tiled += 1;
+            }
+        }
+        let plan = ChunkPlan::new(targets, n_threads, single, &tiled[..n_tiled]);
         let (first_chunk, n_chunks_of, step_of) = (plan.first, plan.count, plan.step);
         let n_chunks = first_chunk[targets.len()];
         let work = |p: usize, c: usize| {
@@ -535,13 +544,14 @@ struct ChunkPlan {
 
 impl ChunkPlan {
     /// About 8 chunks per thread over all outputs (a late worker's share can then be absorbed
-    /// by the others), at least 16 rows each; one chunk per output when `single`. `tiled`: PN
-    /// outputs run on the tiled kernel.
+    /// by the others), at least 16 rows each; one chunk per output when `single`. `tiled`: the
+    /// precisions PN outputs run on the tiled kernels at (their chunks in whole passes of
+    /// each).
     fn new(
         targets: &[(Option<&CpuWeight>, SyncPtr)],
         n_threads: usize,
         single: bool,
-        tiled: bool,
+        tiled: &[TilePrecision],
     ) -> ChunkPlan {
         let mut plan = ChunkPlan {
             first: [0; 9],
@@ -553,8 +563,9 @@ impl ChunkPlan {
         let per_chunk = (total / (8 * n_threads)).max(1);
         for (i, (w, _)) in targets.iter().enumerate() {
             if let Some(w) = w {
-                if let (true, RowKind::Pn(ty)) = (tiled, w.kind) {
-                    plan.step[i] = tiled_pass_rows(ty);
+                if let RowKind::Pn(ty) = w.kind {
+                    let steps = tiled.iter().map(|&p| tiled_pass_rows(ty, p));
+                    plan.step[i] = steps.max().unwrap_or(plan.step[i]);
                 }
                 let units = w.rows.div_ceil(plan.step[i]).max(1);
                 if !single {

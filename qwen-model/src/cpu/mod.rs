@@ -123,9 +123,10 @@ impl CpuBackend {
 
     /// Sets the input-row count from which quantized matrix rows are decoded to f32 once and
     /// reused (below it: fused multi-vector dot products; at or above it PN rows on a CPU with
-    /// AMX are multiplied in tiles instead; without AMX, PN rows always take the fused
-    /// kernels). For benchmarks and tests that compare the paths; the default is tuned for
-    /// decode and speculative verification.
+    /// an int16 tile kernel, AMX or AVX-512 VNNI, are multiplied in tiles instead, and without
+    /// one they take the fused kernels; rows that only feed the state take int8 tiles at any
+    /// count where [`CpuBackend::state_rows_int8`]). For benchmarks and tests that compare the
+    /// paths; the default is tuned for decode and speculative verification.
     pub fn set_decode_rows_min(&mut self, rows: usize) {
         self.decode_rows_min = rows.max(1);
     }
@@ -136,10 +137,11 @@ impl CpuBackend {
     }
 
     /// Whether rows that only feed the state (`Backend::set_state_rows`: prompt rows whose
-    /// logits nobody reads) take int8 activations in PN products on this CPU (AVX-512 VNNI
-    /// tiles without AMX, unless `PN_TILE_ACTS=16`); elsewhere every row takes decode's int16.
+    /// logits nobody reads) take int8 activations in PN products on this CPU (AVX-512 VNNI or
+    /// AVX2 tiles without AMX, unless `PN_TILE_ACTS=16`); elsewhere every row takes decode's
+    /// int16.
     pub fn state_rows_int8() -> bool {
-        pn_format::dot::tiles_available()
+        pn_format::dot::int8_kernel() != pn_format::dot::TileKernel::Reference
             && pn_format::dot::default_tile_precision() == pn_format::dot::TilePrecision::I8
     }
 
