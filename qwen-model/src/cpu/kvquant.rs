@@ -21,6 +21,12 @@ macro_rules! kv_elem_for_block {
                 acc
             }
             #[inline]
+            fn widen(src: &[$t], dst: &mut [f32]) {
+                for (b, d) in src.iter().zip(dst.chunks_exact_mut(QK)) {
+                    b.dequantize(d.try_into().expect("QK floats"));
+                }
+            }
+            #[inline]
             fn axpy_v(o: &mut [f32], p: f32, v: &[$t]) {
                 let mut buf = [0.0f32; QK];
                 for (oc, b) in o.chunks_exact_mut(QK).zip(v) {
