@@ -294,9 +294,10 @@ pub fn int8_kernel() -> TileKernel {
 }
 
 /// `outs[t][r] = dot(row r, acts[t])` for `rows` consecutive rows of `weights`, in tiles of 16
-/// input rows on the kernel of [`default_kernel`] (AMX, AVX-512 VNNI, or the portable
-/// reference: same arithmetic, slow, so callers use [`super::matvec_multi`] where
-/// [`tiles_available`] is false). Single-threaded: callers split the rows into ranges.
+/// input rows on the fastest kernel here for the activations' precision: [`default_kernel`]
+/// for int16 (AMX, AVX-512 VNNI, or the portable reference: same arithmetic, slow, so callers
+/// use [`super::matvec_multi`] where [`tiles_available`] is false), [`int8_kernel`] for int8
+/// (AVX-512 VNNI or AVX2). Single-threaded: callers split the rows into ranges.
 pub fn matmul_tiled(
     ty: PnType,
     weights: &[u8],
@@ -316,8 +317,8 @@ fn fast_kernel(precision: TilePrecision) -> TileKernel {
     }
 }
 
-/// [`matmul_tiled`] with the kernel chosen: `fast` (the fastest here for the activations' precision,
-/// see [`int8_kernel`]) or the portable reference.
+/// [`matmul_tiled`] with the kernel chosen: `fast` (the fastest here for the activations'
+/// precision, as [`matmul_tiled`] picks it) or the portable reference.
 pub fn matmul_tiled_with(
     fast: bool,
     ty: PnType,
@@ -336,7 +337,7 @@ pub fn matmul_tiled_with(
 
 /// The kernels behind [`matmul_tiled`], for tests and A/B benchmarks. Each falls back to the
 /// reference where its instructions are missing ([`amx_available`],
-/// [`vnni_tiles_available`]); all give the same integer sums per block, summed in the same
+/// [`vnni_tiles_available`], [`avx2_tiles_available`]); all give the same integer sums per block, summed in the same
 /// order: bit-identical results. Int8 activations ([`TilePrecision::I8`]) run on
 /// [`int8_kernel`] whichever fast kernel is named, except [`TileKernel::Avx2`] itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
