@@ -45,42 +45,19 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
             })
         })
     });
-    // The register-blocked AMX kernel (the default on AMX), the one-tile kernel it replaced,
-    // and the AVX-512 VNNI kernel (the default without AMX): each where the CPU runs it.
-    let kernels = [
-        ("tiled_amx", TileKernel::AmxBlocked),
-        ("tiled_amx_one_tile", TileKernel::AmxOneTile),
-        ("tiled_vnni", TileKernel::Vnni),
-    ];
-    if tiles_available() {
-        for (name, kernel) in kernels.into_iter().filter(|(_, k)| k.is_available()) {
-            g.bench_function(name, |b| {
-                let outs = std::sync::Mutex::new(&mut outs);
-                b.iter_custom(|n| {
-                    clock::run_split(n, 1, 1, &|_, _| {
-                        let mut o = outs.lock().unwrap();
-                        let mut refs: Vec<&mut [f32]> =
-                            o.iter_mut().map(|o| o.as_mut_slice()).collect();
-                        matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles, &mut refs).unwrap();
-                    })
-                })
-            });
-        }
-        g.bench_function("prepare_tiles_one_thread", |b| {
-            let t = std::sync::Mutex::new(tiles.clone());
-            b.iter_custom(|n| {
-                clock::run_split(n, 1, 1, &|_, _| t.lock().unwrap().update(&x, N).unwrap())
-            })
-        });
-    }
-    // Int8 activations (the prompt rows whose logits nobody reads, on CPUs without AMX): the
-    // VNNI kernel and the AVX2 one, each where the CPU runs it.
+    // The register-blocked AMX kernel (the default on AMX), the one-tile kernel it replaced
+    // and the AVX-512 VNNI kernel (the default without AMX) on int16 activations; the VNNI and
+    // AVX2 kernels on int8 ones (the prompt rows whose logits nobody reads, without AMX): each
+    // where the CPU runs it.
     let tiles8 = TileActs::with_precision(ty, TilePrecision::I8, &x, N).unwrap();
-    let int8 = [
-        ("tiled_vnni_int8", TileKernel::Vnni),
-        ("tiled_avx2_int8", TileKernel::Avx2),
+    let kernels = [
+        ("tiled_amx", TileKernel::AmxBlocked, &tiles),
+        ("tiled_amx_one_tile", TileKernel::AmxOneTile, &tiles),
+        ("tiled_vnni", TileKernel::Vnni, &tiles),
+        ("tiled_vnni_int8", TileKernel::Vnni, &tiles8),
+        ("tiled_avx2_int8", TileKernel::Avx2, &tiles8),
     ];
-    for (name, kernel) in int8.into_iter().filter(|(_, k)| k.is_available()) {
+    for (name, kernel, acts) in kernels.into_iter().filter(|(_, k, _)| k.is_available()) {
         g.bench_function(name, |b| {
             let outs = std::sync::Mutex::new(&mut outs);
             b.iter_custom(|n| {
@@ -88,8 +65,16 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
                     let mut o = outs.lock().unwrap();
                     let mut refs: Vec<&mut [f32]> =
                         o.iter_mut().map(|o| o.as_mut_slice()).collect();
-                    matmul_tiled_kernel(kernel, ty, &weights, rows, &tiles8, &mut refs).unwrap();
+                    matmul_tiled_kernel(kernel, ty, &weights, rows, acts, &mut refs).unwrap();
                 })
+            })
+        });
+    }
+    if tiles_available() {
+        g.bench_function("prepare_tiles_one_thread", |b| {
+            let t = std::sync::Mutex::new(tiles.clone());
+            b.iter_custom(|n| {
+                clock::run_split(n, 1, 1, &|_, _| t.lock().unwrap().update(&x, N).unwrap())
             })
         });
     }
