@@ -99,6 +99,40 @@ fn matches_one_matvec_per_vector_on_every_isa() {
 }
 
 #[test]
+fn many_rows_and_long_rows_cross_row_and_block_tiles() {
+    // The SIMD pass walks 16-row tiles and block tiles of 16..64 blocks (fewer for more
+    // vectors), prefetching ahead in that order: 37 rows and 150 blocks end both mid-tile.
+    let (nb, rows) = (150, 37);
+    let mut rng = Rng(77);
+    for ty in PnType::ALL {
+        let k = nb * ty.weights_per_block();
+        let w = random_rows(nb, rows, 9);
+        for m in [1, 3, 8, 11] {
+            let xs: Vec<Vec<f32>> = (0..m).map(|_| rng.normals(k, 2.0)).collect();
+            let acts: Vec<PreparedI16> = xs
+                .iter()
+                .map(|x| PreparedI16::new(ty, x).unwrap())
+                .collect();
+            let reference = run(Isa::Scalar, ty, &w, rows, &acts);
+            for isa in Isa::available() {
+                let got = run(isa, ty, &w, rows, &acts);
+                for r in 0..rows {
+                    let row = &w[r * nb * 34..(r + 1) * nb * 34];
+                    for a in 0..m {
+                        let tol = 2e-5 * magnitude(ty, row, &xs[a]);
+                        let (g, e) = (got[a][r], reference[a][r]);
+                        assert!(
+                            ((g - e).abs() as f64) <= tol,
+                            "{ty} {isa:?} m {m} vector {a} row {r}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn shape_errors_are_typed() {
     let ty = PnType::Pn3t;
     let w = random_rows(2, 3, 1);

@@ -37,6 +37,7 @@ macro_rules! slots {
     };
 }
 
+mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 pub(crate) mod layout;
@@ -73,6 +74,7 @@ use crate::block::blocks;
 use crate::error::PnError;
 use crate::isa::Isa;
 use crate::types::{PnType, BLOCK_BYTES};
+use aligned::AlignedVec;
 
 /// Activations prepared for one PN type (sealed: implemented by [`PreparedF32`] and
 /// [`PreparedI16`]). Prepare once per input vector, then reuse for every row of every matrix of
@@ -194,8 +196,9 @@ impl Sealed for PreparedF32 {
 pub struct PreparedI16 {
     ty: PnType,
     k: usize,
-    /// Quantized values in `layout::i16_index` order, zero-padded to an even block count.
-    xq: Vec<i16>,
+    /// Quantized values in `layout::i16_index` order, zero-padded to an even block count;
+    /// cache-line aligned, as the kernels load them 64 bytes at a time.
+    xq: AlignedVec<i16>,
     /// Per-block scale `sx_b`; zero-padded to a multiple of 16 blocks.
     sx: Vec<f32>,
     /// `z * sum(q over block b)` (exact in f32); zero-padded like `sx`.
@@ -209,7 +212,7 @@ impl PreparedI16 {
         let mut p = PreparedI16 {
             ty,
             k: 0,
-            xq: Vec::new(),
+            xq: AlignedVec::new(),
             sx: Vec::new(),
             zq: Vec::new(),
         };
@@ -224,8 +227,7 @@ impl PreparedI16 {
         let bpw = ty.weights_per_block();
         let z = ty.zero_point();
         self.k = x.len();
-        self.xq.clear();
-        self.xq.resize(nb.next_multiple_of(2) * bpw, 0);
+        self.xq.reset_zeroed(nb.next_multiple_of(2) * bpw);
         self.sx.clear();
         self.sx.resize(padded_blocks(nb), 0.0);
         self.zq.clear();

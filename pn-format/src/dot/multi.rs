@@ -79,6 +79,130 @@ fn tile_blocks(ty: PnType, m: usize) -> usize {
     (ACT_TILE_BYTES / per_block / 16 * 16).max(16)
 }
 
+/// Where the weights of a tiled pass are read, piece by piece: rows `ROW_TILE` at a time; in each
+/// row tile, block tiles of `kc` blocks; in each block tile, one piece per row.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    rows: usize,
+    nb: usize,
+    kc: usize,
+}
+
+/// A position in a [`Walk`]: the row tile's first row, the block tile's first block, the row
+/// within the row tile and the byte within that row's piece.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cursor {
+    r0: usize,
+    b0: usize,
+    i: usize,
+    off: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Cursor {
+    /// The first piece of a pass.
+    const START: Cursor = Cursor {
+        r0: 0,
+        b0: 0,
+        i: 0,
+        off: 0,
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Walk {
+    /// The piece at `c` (ignoring `c.off`): its first byte's offset in the matrix and its length,
+    /// or `None` past the last piece.
+    fn piece(&self, c: Cursor) -> Option<(usize, usize)> {
+        let nr = ROW_TILE.min(self.rows.checked_sub(c.r0)?);
+        (c.r0 < self.rows && c.i < nr && c.b0 < self.nb).then(|| {
+            let nbc = self.kc.min(self.nb - c.b0);
+            let row = (c.r0 + c.i) * self.nb + c.b0;
+            (row * BLOCK_BYTES, nbc * BLOCK_BYTES)
+        })
+    }
+
+    /// The piece after `c`'s, in the order the pass reads them (offset 0).
+    fn next(&self, c: Cursor) -> Cursor {
+        let nr = ROW_TILE.min(self.rows - c.r0);
+        if c.i + 1 < nr {
+            Cursor {
+                i: c.i + 1,
+                off: 0,
+                ..c
+            }
+        } else if c.b0 + self.kc < self.nb {
+            Cursor {
+                b0: c.b0 + self.kc,
+                i: 0,
+                off: 0,
+                ..c
+            }
+        } else {
+            Cursor {
+                r0: c.r0 + ROW_TILE,
+                b0: 0,
+                i: 0,
+                off: 0,
+            }
+        }
+    }
+}
+
+/// Software prefetch for a tiled pass: a cursor kept [`super::x86::prefetch_bytes`] ahead of
+/// the reads, in the order the pass makes them. The decode kernels prefetch a fixed distance
+/// along the row, but here the next piece read is usually the next row's: fetched along the
+/// row, a later block tile of the same row came in early and the next row's piece waited on
+/// DRAM (measured, 27B `ffn_down` with 3 vectors: the pass took about the sum of its compute
+/// and read times).
+#[cfg(target_arch = "x86_64")]
+struct Prefetch<'a> {
+    walk: Walk,
+    weights: &'a [u8],
+    at: Cursor,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> Prefetch<'a> {
+    /// Starts the pass: prefetches its first `prefetch_bytes`.
+    fn start(walk: Walk, weights: &'a [u8]) -> Self {
+        let mut p = Prefetch {
+            walk,
+            weights,
+            at: Cursor::START,
+        };
+        p.advance(super::x86::prefetch_bytes());
+        p
+    }
+
+    /// Prefetches the next `bytes` bytes of the walk (call it with each piece's length as the
+    /// piece is read, which keeps the cursor the same distance ahead).
+    fn advance(&mut self, bytes: usize) {
+        let weights = self.weights;
+        self.advance_with(bytes, |start, n| {
+            super::x86::prefetch_range(weights[start..].as_ptr(), n)
+        });
+    }
+
+    /// [`Self::advance`], handing each range (offset in the matrix, length) to `fetch`.
+    fn advance_with(&mut self, mut bytes: usize, mut fetch: impl FnMut(usize, usize)) {
+        while bytes > 0 {
+            let Some((start, len)) = self.walk.piece(self.at) else {
+                return;
+            };
+            let n = bytes.min(len - self.at.off);
+            fetch(start + self.at.off, n);
+            bytes -= n;
+            self.at.off += n;
+            if self.at.off == len {
+                self.at = self.walk.next(self.at);
+            }
+        }
+    }
+}
+
 /// The SIMD kernels over tiles of `ROW_TILE` rows x `tile_blocks` blocks: the activations of a
 /// tile stay in L1 while the tile's rows stream past; partial sums are added per tile.
 #[cfg(target_arch = "x86_64")]
@@ -94,7 +218,6 @@ fn tiled_simd(
     use super::x86_multi::{multi_i16_avx2, multi_i16_avx512, ActPtrs};
     let m = acts.len();
     debug_assert!((1..=MAX_ACTS).contains(&m) && outs.len() == m);
-    let rb = nb * BLOCK_BYTES;
     let kc = tile_blocks(ty, m);
     let values_per_pair = 2 * ty.weights_per_block();
     let null = ActPtrs {
@@ -102,47 +225,53 @@ fn tiled_simd(
         sx: std::ptr::null(),
         zq: std::ptr::null(),
     };
-    for r0 in (0..rows).step_by(ROW_TILE) {
-        let nr = ROW_TILE.min(rows - r0);
-        let mut sums = [[0f32; MAX_ACTS]; ROW_TILE];
-        for b0 in (0..nb).step_by(kc) {
-            let nbc = kc.min(nb - b0);
-            let mut ptrs = [null; MAX_ACTS];
+    let walk = Walk { rows, nb, kc };
+    let mut prefetch = Prefetch::start(walk, weights);
+    // `[row of the tile][vector]`: the partial sums of the current row tile.
+    let mut sums = [[0f32; MAX_ACTS]; ROW_TILE];
+    let mut ptrs = [null; MAX_ACTS];
+    let mut at = Cursor::START;
+    while let Some((start, len)) = walk.piece(at) {
+        if at.i == 0 {
+            // A new block tile: its activations.
             for (p, a) in ptrs.iter_mut().zip(acts) {
                 // `b0` is a multiple of 16, so even: the tile's values start at pair `b0 / 2`.
                 *p = ActPtrs {
-                    xq: a.xq[b0 / 2 * values_per_pair..].as_ptr(),
-                    sx: a.sx[b0..].as_ptr(),
-                    zq: a.zq[b0..].as_ptr(),
+                    xq: a.xq[at.b0 / 2 * values_per_pair..].as_ptr(),
+                    sx: a.sx[at.b0..].as_ptr(),
+                    zq: a.zq[at.b0..].as_ptr(),
                 };
             }
-            let ptrs = &ptrs[..m];
-            for (i, sum) in sums.iter_mut().enumerate().take(nr) {
-                let start = (r0 + i) * rb + b0 * BLOCK_BYTES;
-                let row = weights[start..start + nbc * BLOCK_BYTES].as_ptr();
-                let mut part = [0f32; MAX_ACTS];
-                let part = &mut part[..m];
-                // SAFETY: `isa` passed `or_scalar` (the CPU has the features); the row slice
-                // holds `nbc` blocks; every vector was prepared for `nb` blocks of `ty`
-                // (`check_shapes`), so from block `b0` it holds `nbc` blocks of values (padded
-                // to an even count) and its tables hold 16-block batches up to the padding.
-                unsafe {
-                    match isa {
-                        Isa::Avx512Vnni => multi_i16_avx512::<true>(ty, row, nbc, ptrs, part),
-                        Isa::Avx512 => multi_i16_avx512::<false>(ty, row, nbc, ptrs, part),
-                        _ => multi_i16_avx2(ty, row, nbc, ptrs, part),
-                    }
-                }
-                for (s, v) in sum.iter_mut().zip(part.iter()) {
-                    *s += v;
+        }
+        prefetch.advance(len);
+        let row = weights[start..start + len].as_ptr();
+        let nbc = len / BLOCK_BYTES;
+        let mut part = [0f32; MAX_ACTS];
+        let part = &mut part[..m];
+        // SAFETY: `isa` passed `or_scalar` (the CPU has the features); the row slice holds
+        // `nbc` blocks; every vector was prepared for `nb` blocks of `ty` (`check_shapes`), so
+        // from block `at.b0` it holds `nbc` blocks of values (padded to an even count) and its
+        // tables hold 16-block batches up to the padding.
+        unsafe {
+            match isa {
+                Isa::Avx512Vnni => multi_i16_avx512::<true>(ty, row, nbc, &ptrs[..m], part),
+                Isa::Avx512 => multi_i16_avx512::<false>(ty, row, nbc, &ptrs[..m], part),
+                _ => multi_i16_avx2(ty, row, nbc, &ptrs[..m], part),
+            }
+        }
+        for (s, v) in sums[at.i].iter_mut().zip(part.iter()) {
+            *s += v;
+        }
+        let next = walk.next(at);
+        if next.r0 != at.r0 {
+            // The row tile is done: its outputs.
+            for (j, o) in outs.iter_mut().enumerate() {
+                for (i, sum) in sums.iter_mut().enumerate().take(at.i + 1) {
+                    o[at.r0 + i] = std::mem::take(&mut sum[j]);
                 }
             }
         }
-        for (j, o) in outs.iter_mut().enumerate() {
-            for (i, sum) in sums.iter().enumerate().take(nr) {
-                o[r0 + i] = sum[j];
-            }
-        }
+        at = next;
     }
 }
 
@@ -203,4 +332,114 @@ fn check_shapes(
         });
     }
     Ok(rb)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// Every piece of a walk, in order, with its cursor.
+    fn pieces(walk: Walk) -> Vec<(Cursor, usize, usize)> {
+        let mut out = Vec::new();
+        let mut at = Cursor::START;
+        while let Some((start, len)) = walk.piece(at) {
+            out.push((at, start, len));
+            at = walk.next(at);
+        }
+        out
+    }
+
+    #[test]
+    fn walk_reads_every_byte_once_in_tile_order() {
+        for (rows, nb, kc) in [
+            (1, 1, 16),
+            (7, 33, 16),
+            (16, 64, 48),
+            (37, 150, 48),
+            (33, 512, 64),
+        ] {
+            let walk = Walk { rows, nb, kc };
+            let got = pieces(walk);
+            // The order of the nested loops a tiled pass makes.
+            let mut want = Vec::new();
+            for r0 in (0..rows).step_by(ROW_TILE) {
+                for b0 in (0..nb).step_by(kc) {
+                    for i in 0..ROW_TILE.min(rows - r0) {
+                        let len = kc.min(nb - b0) * BLOCK_BYTES;
+                        want.push(((r0 + i) * nb * BLOCK_BYTES + b0 * BLOCK_BYTES, len));
+                    }
+                }
+            }
+            let got_ranges: Vec<(usize, usize)> = got.iter().map(|&(_, s, l)| (s, l)).collect();
+            assert_eq!(got_ranges, want, "rows {rows} nb {nb} kc {kc}");
+            let mut sorted = got_ranges.clone();
+            sorted.sort();
+            let mut end = 0;
+            for (s, l) in sorted {
+                assert_eq!(s, end, "rows {rows} nb {nb} kc {kc}: gap or overlap");
+                end = s + l;
+            }
+            assert_eq!(end, rows * nb * BLOCK_BYTES);
+        }
+        assert!(pieces(Walk {
+            rows: 0,
+            nb: 5,
+            kc: 16
+        })
+        .is_empty());
+    }
+
+    #[test]
+    fn prefetch_stays_a_fixed_distance_ahead_in_walk_order() {
+        let walk = Walk {
+            rows: 37,
+            nb: 150,
+            kc: 48,
+        };
+        let (weights, total) = (vec![0u8; 37 * 150 * BLOCK_BYTES], 37 * 150 * BLOCK_BYTES);
+        let order: Vec<(usize, usize)> = pieces(walk).iter().map(|&(_, s, l)| (s, l)).collect();
+        // Byte `k` of the walk (in read order) as an offset in the matrix.
+        let nth = |mut k: usize| {
+            for &(s, l) in &order {
+                if k < l {
+                    return s + k;
+                }
+                k -= l;
+            }
+            unreachable!()
+        };
+        let ahead = 3000;
+        let mut p = Prefetch {
+            walk,
+            weights: &weights,
+            at: Cursor::START,
+        };
+        let fetched = std::cell::Cell::new(0);
+        let check = |p: &mut Prefetch, bytes: usize| {
+            p.advance_with(bytes, |start, n| {
+                // Each range continues the walk where the last one stopped.
+                assert_eq!(
+                    start,
+                    nth(fetched.get()),
+                    "at byte {} of the walk",
+                    fetched.get()
+                );
+                fetched.set(fetched.get() + n);
+            });
+        };
+        check(&mut p, ahead);
+        let mut read = 0;
+        for &(_, len) in &order {
+            read += len;
+            check(&mut p, len);
+            assert_eq!(
+                fetched.get(),
+                (read + ahead).min(total),
+                "after {read} bytes read"
+            );
+        }
+        // Everything was fetched once, and the cursor stopped at the end.
+        assert_eq!(p.walk.piece(p.at), None);
+        assert_eq!(fetched.get(), total);
+    }
 }

@@ -26,6 +26,7 @@
 //! activation, is two orders below the 3-4-bit weights' own; decode and the verify pass keep
 //! int16, and `PN_TILE_ACTS=16` keeps prompt rows on decode's integer sums.
 
+use super::aligned::AlignedVec;
 use crate::error::PnError;
 use crate::types::{PnType, BLOCK_BYTES};
 
@@ -91,11 +92,12 @@ pub struct TileActs {
     precision: TilePrecision,
     k: usize,
     n: usize,
-    /// `[group][block][kk / 4][input 16][kk % 4]`: the signed plane: bits 8..16 of `q` (int16)
+    /// `[group][block][kk / 4][input 16][kk % 4]` (cache-line aligned: the kernels load 64-byte
+    /// rows of it): the signed plane: bits 8..16 of `q` (int16)
     /// or `q` itself (int8).
-    pub(super) hi: Vec<i8>,
+    pub(super) hi: AlignedVec<i8>,
     /// The same layout, bits 0..8 of `q` (unsigned; int16 only, empty for int8).
-    pub(super) lo: Vec<u8>,
+    pub(super) lo: AlignedVec<u8>,
     /// `[group][block][input 16]` activation scales (0 for padding inputs).
     pub(super) sx: Vec<f32>,
     /// `[group][block][input 16]` the zero point times the block's `sum(q)` (0 for padding
@@ -128,8 +130,8 @@ impl TileActs {
             precision,
             k: 0,
             n: 0,
-            hi: Vec::new(),
-            lo: Vec::new(),
+            hi: AlignedVec::new(),
+            lo: AlignedVec::new(),
             sx: Vec::new(),
             zq: Vec::new(),
         };
@@ -173,10 +175,8 @@ impl TileActs {
             TilePrecision::I8 => 0,
         };
         // Every byte is rewritten below except padding inputs' (zero here).
-        self.lo.clear();
-        self.lo.resize(lo_values, 0);
-        self.hi.clear();
-        self.hi.resize(values, 0);
+        self.lo.reset_zeroed(lo_values);
+        self.hi.reset_zeroed(values);
         self.sx.clear();
         self.sx.resize(groups * nb * TILE, 0.0);
         self.zq.clear();

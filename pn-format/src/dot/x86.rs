@@ -292,6 +292,17 @@ pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize, ahead: usi
     }
 }
 
+/// Prefetches (into L1) every cache line of `[start, start + len)`: a hint, so the range may lie
+/// outside any allocation.
+pub(super) fn prefetch_range(start: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: a prefetch never faults, whatever the address; SSE is baseline on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off) as *const i8) };
+        off += 64;
+    }
+}
+
 /// Sixteen consecutive block scales (raw fp16) starting at block `b`, as one vector. Each is a
 /// scalar load inserted in a register: a table on the stack read back as a vector would stall
 /// on store forwarding (measured: the scale table was most of the kernel's time).

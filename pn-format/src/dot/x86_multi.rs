@@ -6,7 +6,7 @@
 //! every activation set was prepared for `nb` blocks of the same type (i16 values padded to an
 //! even block count, per-block tables padded to a multiple of 16 blocks).
 
-use super::x86::{prefetch_ahead, scales16, scales8};
+use super::x86::{scales16, scales8};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
@@ -206,14 +206,12 @@ unsafe fn body512<
     let mut t = [_mm512_setzero_ps(); M];
     // Lanes 0..8 select the even block's scale, 8..16 the odd block's.
     let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    let ahead = super::x86::prefetch_bytes();
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(16);
-        // The decode kernel's two fixes: prefetch the weights ahead (`prefetch_bytes`) (the loads otherwise
-        // wait on DRAM between bursts of arithmetic), and whole groups' scales inserted into a
-        // register (a table on the stack read back as a vector stalls on store forwarding).
-        prefetch_ahead(p, b, n, ahead);
+        // Whole groups' scales inserted into a register: a table on the stack read back as a
+        // vector stalls on store forwarding. (The caller prefetches the weights, in the order
+        // in which it hands out rows and blocks: see `multi::Prefetch`.)
         let hv = if n == 16 {
             scales16(p, b)
         } else {
@@ -302,11 +300,9 @@ unsafe fn avx2<const BITS: u32, const S: usize, const M: usize>(
     let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
     let mask = _mm256_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut t = [_mm256_setzero_ps(); M];
-    let ahead = super::x86::prefetch_bytes();
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(8);
-        prefetch_ahead(p, b, n, ahead);
         let hv = if n == 8 {
             scales8(p, b)
         } else {
