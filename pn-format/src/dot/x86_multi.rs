@@ -162,30 +162,36 @@ pub(super) unsafe fn dpwssd_asm(mut acc: __m512i, c: __m512i, x: __m512i) -> __m
 pub(super) unsafe fn codes512<const BITS: u32, const S: usize, const VBMI: bool>(
     w: __m512i,
 ) -> [__m512i; S] {
-    let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut c = [_mm512_setzero_si512(); S];
     unroll!(j < S, {
-        c[j] = if j > 0 && BITS as usize * (j + 1) == 16 {
-            // The top code of each 16-bit half (pn4t's last pair): a 16-bit shift leaves
-            // exactly it, no mask needed.
-            _mm512_srl_epi16(w, _mm_cvtsi32_si128((BITS as usize * j) as i32))
-        } else {
-            let shifted = if j == 0 {
-                w
-            } else if VBMI {
-                // Lane L (0..4) of a qword: its code j starts at bit 16 L + BITS j.
-                let sh = (BITS as usize * j) as i64;
-                let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
-                _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
-            } else {
-                // 16-bit shifts: each half holds its own codes, and `vpsrlw` runs beside
-                // `vpdpwssd` on Zen 5 where `vpsrld` partly does not.
-                _mm512_srl_epi16(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
-            };
-            _mm512_and_si512(shifted, mask)
-        };
+        c[j] = code512::<BITS, VBMI>(w, j);
     });
     c
+}
+
+/// Pair `j` of every word of `w` in 32 int16 lanes (one register of [`codes512`]).
+#[inline(always)]
+unsafe fn code512<const BITS: u32, const VBMI: bool>(w: __m512i, j: usize) -> __m512i {
+    let mask = _mm512_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
+    if j > 0 && BITS as usize * (j + 1) == 16 {
+        // The top code of each 16-bit half (pn4t's last pair): a 16-bit shift leaves exactly
+        // it, no mask needed.
+        _mm512_srl_epi16(w, _mm_cvtsi32_si128((BITS as usize * j) as i32))
+    } else {
+        let shifted = if j == 0 {
+            w
+        } else if VBMI {
+            // Lane L (0..4) of a qword: its code j starts at bit 16 L + BITS j.
+            let sh = (BITS as usize * j) as i64;
+            let ctrl = sh | (16 + sh) << 16 | (32 + sh) << 32 | (48 + sh) << 48;
+            _mm512_multishift_epi64_epi8(_mm512_set1_epi64(ctrl), w)
+        } else {
+            // 16-bit shifts: each half holds its own codes, and `vpsrlw` runs beside
+            // `vpdpwssd` on Zen 5 where `vpsrld` partly does not.
+            _mm512_srl_epi16(w, _mm_cvtsi32_si128(BITS as i32 * j as i32))
+        };
+        _mm512_and_si512(shifted, mask)
+    }
 }
 
 #[inline(always)]
@@ -255,6 +261,151 @@ unsafe fn body512<
     }
     unroll!(m < M, {
         out[m] = _mm512_reduce_add_ps(t[m]);
+    });
+}
+
+/// Most vectors [`multi2_i16_avx512`] takes: its two rows' accumulators, sums and scales
+/// (`6 M` registers) and the codes and constants must fit the 32 vector registers.
+pub const PAIR_MAX_ACTS: usize = 4;
+
+/// [`multi_i16_avx512`] for two rows of `nb` blocks at once (`outs[r][m] = dot(rows[r],
+/// acts[m])`, `acts.len()` in `1..=`[`PAIR_MAX_ACTS`]): each activation vector is loaded once
+/// for both rows. With three vectors the one-row kernel issued one 64-byte activation load per
+/// `vpdpwssd`, and those loads, not the multiply-adds, set its pace on pn3t (15 loads a block
+/// pair).
+pub unsafe fn multi2_i16_avx512<const VNNI: bool>(
+    ty: PnType,
+    rows: [*const u8; 2],
+    nb: usize,
+    acts: &[ActPtrs],
+    outs: [&mut [f32]; 2],
+) {
+    macro_rules! by_count4 {
+        ($f:ident::<$b:literal, $s:literal, $v:literal, $ms:literal>) => {
+            match acts.len() {
+                1 => $f::<$b, $s, 1, $v, $ms>(rows, nb, acts, outs),
+                2 => $f::<$b, $s, 2, $v, $ms>(rows, nb, acts, outs),
+                3 => $f::<$b, $s, 3, $v, $ms>(rows, nb, acts, outs),
+                _ => $f::<$b, $s, 4, $v, $ms>(rows, nb, acts, outs),
+            }
+        };
+    }
+    debug_assert!((1..=PAIR_MAX_ACTS).contains(&acts.len()));
+    match (ty, VNNI, VNNI && super::x86::shift_by_multishift()) {
+        (PnType::Pn3t, true, true) => by_count4!(pair_vbmi512::<3, 5, true, true>),
+        (PnType::Pn4t, true, true) => by_count4!(pair_vbmi512::<4, 4, true, true>),
+        (PnType::Pn3t, true, false) => by_count4!(pair_vnni512::<3, 5, true, false>),
+        (PnType::Pn4t, true, false) => by_count4!(pair_vnni512::<4, 4, true, false>),
+        (PnType::Pn3t, false, _) => by_count4!(pair_bw512::<3, 5, false, false>),
+        (PnType::Pn4t, false, _) => by_count4!(pair_bw512::<4, 4, false, false>),
+    }
+}
+
+/// The entry points of [`pair_body512`], one per feature set (the body is inlined into each).
+macro_rules! pair_entries {
+    ($($name:ident: $features:literal;)*) => {
+        $(
+            #[target_feature(enable = $features)]
+            unsafe fn $name<
+                const BITS: u32,
+                const S: usize,
+                const M: usize,
+                const VNNI: bool,
+                const VBMI: bool,
+            >(
+                rows: [*const u8; 2],
+                nb: usize,
+                acts: &[ActPtrs],
+                outs: [&mut [f32]; 2],
+            ) {
+                pair_body512::<BITS, S, M, VNNI, VBMI>(rows, nb, acts, outs)
+            }
+        )*
+    };
+}
+
+pair_entries! {
+    pair_vbmi512: "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c";
+    pair_vnni512: "avx512f,avx512bw,avx512vnni,avx2,fma,f16c";
+    pair_bw512: "avx512f,avx512bw,avx2,fma,f16c";
+}
+
+/// [`body512`] for two rows: the same operations per row (so the same bits as two calls of
+/// it), with the slots of a block pair taken one at a time so that each activation register
+/// serves both rows.
+#[inline(always)]
+unsafe fn pair_body512<
+    const BITS: u32,
+    const S: usize,
+    const M: usize,
+    const VNNI: bool,
+    const VBMI: bool,
+>(
+    rows: [*const u8; 2],
+    nb: usize,
+    acts: &[ActPtrs],
+    outs: [&mut [f32]; 2],
+) {
+    debug_assert!(acts.len() == M && outs.iter().all(|o| o.len() == M));
+    let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
+    // `[row][vector]`: the running sums and the group's per-block scales `d * sx`.
+    let mut t = [[_mm512_setzero_ps(); M]; 2];
+    let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let mut b = 0;
+    while b < nb {
+        let n = (nb - b).min(16);
+        let mut dsx = [[_mm512_setzero_ps(); M]; 2];
+        unroll!(r < 2, {
+            let hv = if n == 16 {
+                scales16(rows[r], b)
+            } else {
+                let hs = scale_bits(rows[r], b, n);
+                _mm256_loadu_si256(hs.as_ptr() as *const __m256i)
+            };
+            let dv = _mm512_cvtph_ps(hv);
+            unroll!(m < M, {
+                dsx[r][m] = _mm512_mul_ps(dv, _mm512_loadu_ps(a[m].sx.add(b)));
+                t[r][m] = _mm512_fnmadd_ps(dsx[r][m], _mm512_loadu_ps(a[m].zq.add(b)), t[r][m]);
+            });
+        });
+        let mut i = 0;
+        while i < n {
+            let mut w = [_mm512_setzero_si512(); 2];
+            unroll!(r < 2, {
+                let w0 = _mm256_loadu_si256(words(rows[r], b + i) as *const __m256i);
+                w[r] = if i + 1 < n {
+                    let w1 = _mm256_loadu_si256(words(rows[r], b + i + 1) as *const __m256i);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1)
+                } else {
+                    _mm512_zextsi256_si512(w0)
+                };
+            });
+            let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
+            let off = (b + i) / 2 * S * 32;
+            let mut acc = [[_mm512_setzero_si512(); M]; 2];
+            unroll!(j < S, {
+                let c0 = code512::<BITS, VBMI>(w[0], j);
+                let c1 = code512::<BITS, VBMI>(w[1], j);
+                unroll!(m < M, {
+                    let xj = _mm512_loadu_si512(a[m].xq.add(off + 32 * j) as *const _);
+                    acc[0][m] = madd512::<VNNI>(acc[0][m], c0, xj);
+                    acc[1][m] = madd512::<VNNI>(acc[1][m], c1, xj);
+                });
+            });
+            unroll!(r < 2, {
+                unroll!(m < M, {
+                    let dvec = _mm512_permutexvar_ps(idx, dsx[r][m]);
+                    t[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][m]), dvec, t[r][m]);
+                });
+            });
+            i += 2;
+        }
+        b += n;
+    }
+    let [o0, o1] = outs;
+    unroll!(m < M, {
+        o0[m] = _mm512_reduce_add_ps(t[0][m]);
+        o1[m] = _mm512_reduce_add_ps(t[1][m]);
     });
 }
 
@@ -362,6 +513,76 @@ mod tests {
     use super::*;
     use crate::dot::PreparedI16;
     use crate::quantize::quantize_row_ref;
+
+    #[test]
+    fn two_row_kernel_gives_the_one_row_kernels_bits() {
+        if !std::arch::is_x86_feature_detected!("avx512bw") {
+            return;
+        }
+        let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut next = || super::super::x86::tests::xorshift(&mut s);
+        for ty in PnType::ALL {
+            // Odd counts, a partial 16-block group and more than one group.
+            for nb in [1, 2, 15, 17, 33, 48] {
+                let k = nb * ty.weights_per_block();
+                let rows: Vec<Vec<u8>> = (0..2)
+                    .map(|_| {
+                        let w: Vec<f32> = (0..k).map(|_| next()).collect();
+                        quantize_row_ref(ty, &w).unwrap()
+                    })
+                    .collect();
+                let acts: Vec<PreparedI16> = (0..PAIR_MAX_ACTS)
+                    .map(|_| {
+                        PreparedI16::new(ty, &(0..k).map(|_| 3.0 * next()).collect::<Vec<_>>())
+                    })
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let ptrs: Vec<ActPtrs> = acts
+                    .iter()
+                    .map(|a| ActPtrs {
+                        xq: a.xq.as_ptr(),
+                        sx: a.sx.as_ptr(),
+                        zq: a.zq.as_ptr(),
+                    })
+                    .collect();
+                // Without VNNI (`vpmaddwd` + add) on every AVX-512 CPU, with it where present.
+                for use_vnni in [false, vnni] {
+                    for m in 1..=PAIR_MAX_ACTS {
+                        let mut one = [[0f32; PAIR_MAX_ACTS]; 2];
+                        let mut two = [[0f32; PAIR_MAX_ACTS]; 2];
+                        let [t0, t1] = &mut two;
+                        let rp = [rows[0].as_ptr(), rows[1].as_ptr()];
+                        let a = &ptrs[..m];
+                        // SAFETY: AVX-512BW (and VNNI where used) were checked; the rows hold
+                        // `nb` blocks and the activations are padded.
+                        unsafe {
+                            let outs = [&mut t0[..m], &mut t1[..m]];
+                            if use_vnni {
+                                multi2_i16_avx512::<true>(ty, rp, nb, a, outs);
+                                for (r, o) in one.iter_mut().enumerate() {
+                                    multi_i16_avx512::<true>(ty, rp[r], nb, a, &mut o[..m]);
+                                }
+                            } else {
+                                multi2_i16_avx512::<false>(ty, rp, nb, a, outs);
+                                for (r, o) in one.iter_mut().enumerate() {
+                                    multi_i16_avx512::<false>(ty, rp[r], nb, a, &mut o[..m]);
+                                }
+                            }
+                        }
+                        for r in 0..2 {
+                            assert_eq!(
+                                two[r].map(f32::to_bits),
+                                one[r].map(f32::to_bits),
+                                "{ty} nb {nb} m {m} row {r} vnni {use_vnni}"
+                            );
+                            assert!(two[r][..m].iter().all(|v| v.is_finite() && *v != 0.0));
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn multishift_and_shift_variants_agree_bit_for_bit() {
