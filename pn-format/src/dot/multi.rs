@@ -151,12 +151,12 @@ impl Walk {
     }
 }
 
-/// Software prefetch for a tiled pass: a cursor kept [`super::x86::prefetch_bytes`] ahead of
-/// the reads, in the order the pass makes them. The decode kernels prefetch a fixed distance
-/// along the row, but here the next piece read is usually the next row's: fetched along the
-/// row, a later block tile of the same row came in early and the next row's piece waited on
-/// DRAM (measured, 27B `ffn_down` with 3 vectors: the pass took about the sum of its compute
-/// and read times).
+/// Software prefetch for a tiled AVX-512 pass: a cursor kept [`super::x86::prefetch_bytes`]
+/// ahead of the reads, in the order the pass makes them. The decode kernels prefetch a fixed
+/// distance along the row, but here the next piece read is usually the next row's: fetched
+/// along the row, a later block tile of the same row came in early and the next row's piece
+/// waited on DRAM (measured, 27B `ffn_down` with 3 vectors: the pass took about the sum of its
+/// compute and read times).
 #[cfg(target_arch = "x86_64")]
 struct Prefetch<'a> {
     walk: Walk,
@@ -234,7 +234,11 @@ fn tiled_simd(
     // from DRAM while 15% faster from L2 (alternated, one thread).
     let pairs = isa != Isa::Avx2 && m <= PAIR_MAX_ACTS;
     let ahead = super::x86::prefetch_bytes() * if pairs { 2 } else { 1 };
-    let mut prefetch = Prefetch::start(walk, weights, ahead);
+    // The AVX2 kernel prefetches along its row itself: its arithmetic is slow enough that the
+    // pass is compute-bound, and there this cursor's burst of prefetches ahead of each piece
+    // cost more than it saved (27B `ffn_up`, 3 vectors, from DRAM: 8.1-8.9 ns a block pair
+    // against 7.5-7.8 with the kernel's own prefetch, 7.1-7.7 with the weights in L2).
+    let mut prefetch = (isa != Isa::Avx2).then(|| Prefetch::start(walk, weights, ahead));
     // `[row of the tile][vector]`: the partial sums of the current row tile.
     let mut sums = [[0f32; MAX_ACTS]; ROW_TILE];
     let mut ptrs = [null; MAX_ACTS];
@@ -267,7 +271,9 @@ fn tiled_simd(
         unsafe {
             if pair {
                 let (start1, _) = walk.piece(next).expect("the next row of the block tile");
-                prefetch.advance(2 * len);
+                if let Some(p) = &mut prefetch {
+                    p.advance(2 * len);
+                }
                 let rows = [row, weights[start1..start1 + len].as_ptr()];
                 let outs = [&mut p0[..m], &mut p1[..m]];
                 match isa {
@@ -275,7 +281,9 @@ fn tiled_simd(
                     _ => multi2_i16_avx512::<false>(ty, rows, nbc, &ptrs[..m], outs),
                 }
             } else {
-                prefetch.advance(len);
+                if let Some(p) = &mut prefetch {
+                    p.advance(len);
+                }
                 let part = &mut p0[..m];
                 match isa {
                     Isa::Avx512Vnni => multi_i16_avx512::<true>(ty, row, nbc, &ptrs[..m], part),

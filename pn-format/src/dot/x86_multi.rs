@@ -6,7 +6,7 @@
 //! every activation set was prepared for `nb` blocks of the same type (i16 values padded to an
 //! even block count, per-block tables padded to a multiple of 16 blocks).
 
-use super::x86::{scales16, scales8};
+use super::x86::{prefetch_ahead, scales16, scales8};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
@@ -451,9 +451,12 @@ unsafe fn avx2<const BITS: u32, const S: usize, const M: usize>(
     let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
     let mask = _mm256_set1_epi32(((1i32 << BITS) - 1) * 0x10001);
     let mut t = [_mm256_setzero_ps(); M];
+    // Along the row, as the decode kernels do (see `multi::tiled_simd` for why here).
+    let ahead = super::x86::prefetch_bytes();
     let mut b = 0;
     while b < nb {
         let n = (nb - b).min(8);
+        prefetch_ahead(p, b, n, ahead);
         let hv = if n == 8 {
             scales8(p, b)
         } else {
