@@ -428,11 +428,14 @@ fn simd_dot_dot4_and_axpy_match_scalar() {
     }
 }
 
-#[test]
-fn attention_over_f16_cache_matches_naive_on_rounded_values() {
-    let be = CpuBackend::new(2);
-    let mut rng = StdRng::seed_from_u64(9);
-    let (hq, hkv, dh) = (4, 2, 128);
+/// A layout with the query heads packed `head_dim` apart, and random keys and values for `ctx`
+/// positions and queries for `n_tokens` rows (drawn in that order: k, v, q).
+fn packed_attention_case(
+    rng: &mut StdRng,
+    (hq, hkv, dh): (usize, usize, usize),
+    ctx: usize,
+    n_tokens: usize,
+) -> (AttnLayout, Vec<f32>, Vec<f32>, Vec<f32>) {
     let layout = AttnLayout {
         n_q_heads: hq,
         n_kv_heads: hkv,
@@ -441,11 +444,20 @@ fn attention_over_f16_cache_matches_naive_on_rounded_values() {
         q_head_stride: dh,
         scale: 1.0 / (dh as f32).sqrt(),
     };
+    let k = randn(rng, ctx * hkv * dh, 3.0);
+    let v = randn(rng, ctx * hkv * dh, 1.0);
+    let q = randn(rng, n_tokens * hq * dh, 3.0);
+    (layout, k, v, q)
+}
+
+#[test]
+fn attention_over_f16_cache_matches_naive_on_rounded_values() {
+    let be = CpuBackend::new(2);
+    let mut rng = StdRng::seed_from_u64(9);
+    let (hq, hkv, dh) = (4, 2, 128);
     let (pos0, n_tokens) = (20, 3);
     let ctx = pos0 + n_tokens;
-    let k = randn(&mut rng, ctx * hkv * dh, 3.0);
-    let v = randn(&mut rng, ctx * hkv * dh, 1.0);
-    let q = randn(&mut rng, n_tokens * hq * dh, 3.0);
+    let (layout, k, v, q) = packed_attention_case(&mut rng, (hq, hkv, dh), ctx, n_tokens);
     let mut kc = be
         .alloc_kv(ctx * hkv * dh, qwen_model::KvCacheType::F16)
         .unwrap();
@@ -546,19 +558,9 @@ fn blocked_attention_matches_row_by_row_and_any_row_split() {
 
     let mut rng = StdRng::seed_from_u64(31);
     let (hq, hkv, dh) = (16, 2, 256);
-    let layout = AttnLayout {
-        n_q_heads: hq,
-        n_kv_heads: hkv,
-        head_dim: dh,
-        q_token_stride: hq * dh,
-        q_head_stride: dh,
-        scale: 1.0 / (dh as f32).sqrt(),
-    };
     let (pos0, n_tokens) = (70, 5);
     let ctx = pos0 + n_tokens;
-    let k = randn(&mut rng, ctx * hkv * dh, 3.0);
-    let v = randn(&mut rng, ctx * hkv * dh, 1.0);
-    let q = randn(&mut rng, n_tokens * hq * dh, 3.0);
+    let (layout, k, v, q) = packed_attention_case(&mut rng, (hq, hkv, dh), ctx, n_tokens);
     let splits: [&[usize]; 3] = [&[], &[3, 11, 37, 40], &[1, 2, 8, 9, 17, 63]];
     let l = &layout;
 

@@ -297,8 +297,12 @@ fn tiled_simd(
                 *s += v;
             }
         }
-        let last = if pair { next } else { at };
-        let next = walk.next(last);
+        // The last piece this step read, and the one after it (`next` already, without a pair).
+        let (last, next) = if pair {
+            (next, walk.next(next))
+        } else {
+            (at, next)
+        };
         if next.r0 != last.r0 {
             // The row tile is done: its outputs.
             for (j, o) in outs.iter_mut().enumerate() {
