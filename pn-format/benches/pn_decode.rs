@@ -5,7 +5,9 @@
 //!
 //! Shapes: `ffn_gate`/`ffn_up` are pn3t with 17408 rows x K=5120 (37.9 MB); `ffn_down` is pn4t
 //! with 5120 rows x K=17408 (47.4 MB). Activations are prepared once (as the model does per
-//! input vector); the kernel is `matvec` on the best ISA and capped at AVX2.
+//! input vector); the kernel is `matvec` on the best ISA and capped at AVX2. On Zen 4 the
+//! AVX-512 levels' decode kernel hands over to the AVX2 one (`PN_DECODE_256=0` measures the
+//! 512-bit one there).
 //!
 //! `PN_BENCH_CLOCK=cpu` measures the threads' CPU time instead of the wall clock (a loaded
 //! machine); `PN_BENCH_MODES` lists the working sets (default `l3,dram`; `l2` adds the compute

@@ -60,6 +60,8 @@ mod tiles_walk;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_cache;
+#[cfg(target_arch = "x86_64")]
 mod x86_multi;
 
 pub use multi::{matvec_multi, matvec_multi_with, MAX_ACTS};

@@ -7,6 +7,7 @@
 //! `nb` blocks, the activation buffers hold `nb` blocks (i16: rounded up to an even count) and the
 //! per-block tables are zero-padded to a multiple of 16 blocks.
 
+use super::x86_cache::{prefetch_level, PrefetchLevel};
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
@@ -185,7 +186,24 @@ unsafe fn f32_block_avx2<const BITS: u32, const S: usize>(
 
 // ---------------------------------------------------------------- int16 activations
 
+/// The AVX-512 decode kernel (with `VNNI`, `vpdpwssd`), or the AVX2 one where
+/// [`decode_prefers_256`] says so.
 pub unsafe fn dot_i16_avx512<const VNNI: bool>(
+    ty: PnType,
+    row: &[u8],
+    xq: &[i16],
+    sx: &[f32],
+    zq: &[f32],
+    nb: usize,
+) -> f32 {
+    if decode_prefers_256() {
+        return dot_i16_avx2(ty, row, xq, sx, zq, nb);
+    }
+    dot_i16_avx512_direct::<VNNI>(ty, row, xq, sx, zq, nb)
+}
+
+/// The 512-bit kernels of [`dot_i16_avx512`], without the hand-over to AVX2.
+unsafe fn dot_i16_avx512_direct<const VNNI: bool>(
     ty: PnType,
     row: &[u8],
     xq: &[i16],
@@ -264,6 +282,46 @@ pub fn prefetch_bytes() -> usize {
     })
 }
 
+/// Whether the AVX-512 levels' int16 decode kernel hands over to the AVX2 one:
+/// `PN_DECODE_256=1` or `0` forces it either way (A/B runs, a new CPU); otherwise on Zen 4 (AMD
+/// family 0x19 with AVX-512; Zen 3, the same family, has none).
+///
+/// Zen 4 splits every 512-bit operation into two 256-bit halves, so the 512-bit kernel does no
+/// more work per cycle there, and from DRAM its pn4t kernel was 1.4-1.7x slower than the AVX2
+/// one (27B `ffn_down`, K = 17408, `pn_decode` DRAM ring, one thread, alternated: 4.2-4.9 ms
+/// against 2.6-3.1; pn3t `ffn_up` even within the noise). The whole 27B decode (`pn bench -n 16
+/// --spec none`, alternated): 2 threads 2.11-2.25 tokens/s against 1.88-1.94 (three pairs of
+/// runs, quiet), 1.64-1.80 against 1.48-1.72 (three more, noisy); 1 thread 1.15-1.18 against
+/// 0.98-1.04.
+pub fn decode_prefers_256() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("PN_DECODE_256").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => is_zen4(),
+    })
+}
+
+/// Whether this is an AMD family 0x19 core with AVX-512, that is Zen 4.
+fn is_zen4() -> bool {
+    static ZEN4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ZEN4.get_or_init(|| {
+        is_amd() && amd_family() == 0x19 && std::arch::is_x86_feature_detected!("avx512f")
+    })
+}
+
+/// The CPU's family from CPUID leaf 1: the base family, plus the extended family when the base
+/// is 0xf (every AMD core since K8).
+fn amd_family() -> u32 {
+    let eax = __cpuid(1).eax;
+    let base = (eax >> 8) & 0xf;
+    if base == 0xf {
+        base + ((eax >> 20) & 0xff)
+    } else {
+        base
+    }
+}
+
 /// Whether the CPU is an AMD one (CPUID vendor "AuthenticAMD"): its ports differ from Intel's
 /// where the kernels care (see [`shift_by_multishift`] and [`prefetch_bytes`]).
 pub fn is_amd() -> bool {
@@ -279,15 +337,26 @@ pub fn is_amd() -> bool {
     })
 }
 
-/// Prefetches the cache lines of `n` blocks starting at block `b` plus `ahead` bytes (the
-/// caller reads [`prefetch_bytes`] once per row, not per group).
+/// Prefetches the cache lines of `n` blocks starting at block `b` plus `ahead` bytes into
+/// `level` (the caller reads [`prefetch_bytes`] and chooses the level once per row, not per
+/// group).
 #[inline(always)]
-pub(super) unsafe fn prefetch_ahead(p: *const u8, b: usize, n: usize, ahead: usize) {
+pub(super) unsafe fn prefetch_ahead(
+    p: *const u8,
+    b: usize,
+    n: usize,
+    ahead: usize,
+    level: PrefetchLevel,
+) {
     // `wrapping_add`: the address may lie past the end of the slice (a prefetch never faults).
     let start = p.wrapping_add(BLOCK_BYTES * b + ahead);
     let mut off = 0;
     while off < BLOCK_BYTES * n {
-        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off) as *const i8);
+        let line = start.wrapping_add(off) as *const i8;
+        match level {
+            PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(line),
+            PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(line),
+        }
         off += 64;
     }
 }
@@ -412,6 +481,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
     let p = row.as_ptr();
     let xp = xq.as_ptr();
     let ahead = prefetch_bytes();
+    let level = prefetch_level(2 * S * 16 * nb, ahead);
     // Two f32 accumulators, even and odd pairs: one FMA per pair into a single accumulator
     // is a dependency chain of 4 cycles per pair on Zen 5, which was most of pn4t's time
     // (5.8 cycles per pair with the weights in L2).
@@ -425,7 +495,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
     let mut b = 0;
     // Whole groups of 16 blocks: scales in one vector, spread to each pair by a permute.
     while b + 16 <= nb {
-        prefetch_ahead(p, b, 16, ahead);
+        prefetch_ahead(p, b, 16, ahead, level);
         let dv = _mm512_cvtph_ps(scales16(p, b));
         let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
@@ -552,6 +622,7 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
     let p = row.as_ptr();
     let xp = xq.as_ptr();
     let ahead = prefetch_bytes();
+    let level = prefetch_level(2 * S * 16 * nb, ahead);
     // Two accumulators, even and odd blocks: with one, the FMA latency (4 cycles) per 34-byte
     // block capped the kernel at about 31 GB/s on Zen 5, one core's DRAM read.
     let mut t0 = _mm256_setzero_ps();
@@ -560,7 +631,7 @@ unsafe fn i16_avx2<const BITS: u32, const S: usize>(
     let mut b = 0;
     // Whole groups of 8 blocks: scales in one vector (no table on the stack).
     while b + 8 <= nb {
-        prefetch_ahead(p, b, 8, ahead);
+        prefetch_ahead(p, b, 8, ahead, level);
         let dv = _mm256_cvtph_ps(scales8(p, b));
         let dsx = _mm256_mul_ps(dv, _mm256_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm256_fmadd_ps(dsx, _mm256_loadu_ps(zq.as_ptr().add(b)), corr);
@@ -596,7 +667,8 @@ pub(super) mod tests {
     //! The AVX-512 decode kernel has variants that a given CPU does not all take (the
     //! multishift one on Intel, the shift one on AMD, the BW one without VNNI): each one that
     //! this CPU can run is checked here against the others, which must agree bit for bit (the
-    //! integer sums are exact and the f32 operations the same), and against the scalar kernel.
+    //! integer sums are exact and the f32 operations the same), and against the scalar kernel;
+    //! and the dispatcher's hand-over to the AVX2 kernel (Zen 4) runs one of them.
     use super::*;
     use crate::dot::{scalar, PreparedI16};
     use crate::quantize::quantize_row_ref;
@@ -637,7 +709,12 @@ pub(super) mod tests {
                 for row in &rows {
                     let reference = scalar::dot_i16(ty, row, xq, sx, zq);
                     // SAFETY: the features were checked above; `a` is padded as documented.
-                    let bw = unsafe { dot_i16_avx512::<false>(ty, row, xq, sx, zq, nb) };
+                    let bw = unsafe {
+                        match ty {
+                            PnType::Pn3t => i16_avx512_bw::<3, 5>(row, xq, sx, zq, nb),
+                            PnType::Pn4t => i16_avx512_bw::<4, 4>(row, xq, sx, zq, nb),
+                        }
+                    };
                     let tol = 1e-5 * (reference.abs() + 1.0);
                     assert!(
                         (bw - reference).abs() <= tol,
@@ -663,6 +740,24 @@ pub(super) mod tests {
                         if vbmi {
                             assert_eq!(bits(1).to_bits(), bw.to_bits(), "{ty} nb {nb}: multishift");
                         }
+                    }
+                    if vnni {
+                        // The dispatcher runs one of the checked kernels: the AVX2 one where it
+                        // hands over (Zen 4), else the 512-bit one.
+                        // SAFETY: as above (AVX-512 implies AVX2, FMA and F16C here).
+                        let (chosen, avx2) = unsafe {
+                            (
+                                dot_i16_avx512::<true>(ty, row, xq, sx, zq, nb),
+                                dot_i16_avx2(ty, row, xq, sx, zq, nb),
+                            )
+                        };
+                        let want = if decode_prefers_256() {
+                            avx2
+                        } else {
+                            // SAFETY: as above.
+                            unsafe { dot_i16_avx512_direct::<true>(ty, row, xq, sx, zq, nb) }
+                        };
+                        assert_eq!(chosen.to_bits(), want.to_bits(), "{ty} nb {nb}: dispatch");
                     }
                 }
             }
