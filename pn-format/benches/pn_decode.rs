@@ -7,7 +7,8 @@
 //! with 5120 rows x K=17408 (47.4 MB). Activations are prepared once (as the model does per
 //! input vector); the kernel is `matvec` on the best ISA and capped at AVX2. On Zen 4 the
 //! AVX-512 levels' decode kernel hands over to the AVX2 one (`PN_DECODE_256=0` measures the
-//! 512-bit one there).
+//! 512-bit one there). `i8_*` is the int8 kernel (AVX-512 VNNI + VBMI) on the int8 grid
+//! (`TilePrecision::I8`), the model's default there (`pn_format::dot::decode_precision`).
 //!
 //! `PN_BENCH_CLOCK=cpu` measures the threads' CPU time instead of the wall clock (a loaded
 //! machine); `PN_BENCH_MODES` lists the working sets (default `l3,dram`; `l2` adds the compute
@@ -15,7 +16,7 @@
 //! is 1 MB, as on Zen 5). `PN_PREFETCH_BYTES` overrides the kernels' prefetch distance.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pn_format::dot::matvec_with;
+use pn_format::dot::{int8_decode_available, matvec_with, TilePrecision};
 use pn_format::{Isa, PnType, PreparedI16};
 use std::hint::black_box;
 use std::time::Duration;
@@ -41,6 +42,8 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
     let acts = PreparedI16::new(ty, &x).unwrap();
+    // The int8 grid: the int8 kernel where the CPU has it (`int8_decode_available`).
+    let acts8 = PreparedI16::with_precision(ty, TilePrecision::I8, &x).unwrap();
     for (mode, dram) in modes() {
         let l2: usize = std::env::var("PN_BENCH_L2_BYTES")
             .ok()
@@ -64,25 +67,26 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
             g.bench_function(format!("read_{threads}t"), |b| {
                 b.iter_custom(|n| clock::run_split(n, threads, copies, &read))
             });
-            for isa in [Isa::detect(), Isa::Avx2] {
-                if !isa.is_available() || (isa == Isa::Avx2 && Isa::detect() == Isa::Avx2) {
+            let variants = [
+                ("i16", Isa::detect(), &acts),
+                ("i16", Isa::Avx2, &acts),
+                ("i8", Isa::detect(), &acts8),
+            ];
+            for (name, isa, acts) in variants {
+                if !isa.is_available()
+                    || (isa == Isa::Avx2 && Isa::detect() == Isa::Avx2)
+                    || (name == "i8" && !int8_decode_available())
+                {
                     continue;
                 }
                 let kernel = |m: usize, t: usize| {
                     let (r0, r1) = clock::part(rows, t, threads);
                     let mut out = vec![0f32; r1 - r0];
-                    matvec_with(
-                        isa,
-                        ty,
-                        &ring[m][r0 * rb..r1 * rb],
-                        r1 - r0,
-                        &acts,
-                        &mut out,
-                    )
-                    .unwrap();
+                    matvec_with(isa, ty, &ring[m][r0 * rb..r1 * rb], r1 - r0, acts, &mut out)
+                        .unwrap();
                     black_box(&out);
                 };
-                g.bench_function(format!("i16_{}_{threads}t", isa.name()), |b| {
+                g.bench_function(format!("{name}_{}_{threads}t", isa.name()), |b| {
                     b.iter_custom(|n| clock::run_split(n, threads, copies, &kernel))
                 });
             }

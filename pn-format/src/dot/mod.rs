@@ -11,7 +11,10 @@
 //!   (`x ~= sx * q`, |q| <= 32767): the integer path (int16 rather than int8 because the codes
 //!   already sit in 16-bit halves, so it costs no extra unpacking and is ~256x more accurate), `vpmaddwd`/`vpdpwssd` on the codes
 //!   exactly as they sit in the 16-bit halves of a word. Its relative error per activation is at
-//!   most 2^-16 of the block's largest activation.
+//!   most 2^-16 of the block's largest activation. Prepared at [`TilePrecision::I8`]
+//!   ([`decode_precision`], `PN_DECODE_ACTS=8`), the same rule rounds
+//!   to `|q| <= 127` (error at most 1/254 of the block's largest) and the one-row kernel reads
+//!   the values as bytes (`x86_i8`, `vpdpbusd`: twice the products per instruction).
 //!
 //! The row length `k` must be a whole number of blocks.
 //!
@@ -61,6 +64,8 @@ mod tiles_walk;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_cache;
+#[cfg(target_arch = "x86_64")]
+mod x86_i8;
 #[cfg(target_arch = "x86_64")]
 mod x86_multi;
 
@@ -194,13 +199,24 @@ impl Sealed for PreparedF32 {
 }
 
 /// Activations quantized to int16 per weight block (`x ~= sx_b * q`), in kernel order.
+///
+/// At [`TilePrecision::I8`] ([`PreparedI16::with_precision`], what the model's CPU backend
+/// takes where [`decode_precision`] says so) the same rule rounds to `|q| <= 127` instead of
+/// 32767: every kernel computes the same integer block sums from those values, and on a CPU
+/// with the int8 decode kernel ([`int8_decode_available`]) the one-row product reads them as
+/// bytes, one `vpdpbusd` per 64 products instead of one `vpdpwssd` per 32.
 #[derive(Clone, Debug)]
 pub struct PreparedI16 {
     ty: PnType,
     k: usize,
+    precision: TilePrecision,
     /// Quantized values in `layout::i16_index` order, zero-padded to an even block count;
     /// cache-line aligned, as the kernels load them 64 bytes at a time.
     xq: AlignedVec<i16>,
+    /// At [`TilePrecision::I8`] where the int8 decode kernel runs: the same values in
+    /// `layout::i8_index` order, `i8_extractions * 64` bytes per pair of blocks (unused slots
+    /// and the padding block zero). Empty otherwise.
+    xq8: AlignedVec<i8>,
     /// Per-block scale `sx_b`; zero-padded to a multiple of 16 blocks.
     sx: Vec<f32>,
     /// `z * sum(q over block b)` (exact in f32); zero-padded like `sx`.
@@ -211,10 +227,21 @@ impl PreparedI16 {
     /// Quantizes and prepares `x` (length a multiple of the block size) for rows of type `ty`.
     /// Non-finite activations make the whole block's scale NaN, so the result is NaN, not a panic.
     pub fn new(ty: PnType, x: &[f32]) -> Result<Self, PnError> {
+        Self::with_precision(ty, TilePrecision::I16, x)
+    }
+
+    /// [`PreparedI16::new`] rounding to the grid of `precision` (`|q| <= 32767` or `127`).
+    pub fn with_precision(
+        ty: PnType,
+        precision: TilePrecision,
+        x: &[f32],
+    ) -> Result<Self, PnError> {
         let mut p = PreparedI16 {
             ty,
             k: 0,
+            precision,
             xq: AlignedVec::new(),
+            xq8: AlignedVec::new(),
             sx: Vec::new(),
             zq: Vec::new(),
         };
@@ -222,14 +249,28 @@ impl PreparedI16 {
         Ok(p)
     }
 
-    /// Re-prepares for a new vector, reusing the buffers.
+    /// The grid the values were rounded to.
+    pub fn precision(&self) -> TilePrecision {
+        self.precision
+    }
+
+    /// Re-prepares for a new vector (at the same precision), reusing the buffers.
     pub fn update(&mut self, x: &[f32]) -> Result<(), PnError> {
         let ty = self.ty;
         let nb = check_k(ty, x.len())?;
         let bpw = ty.weights_per_block();
         let z = ty.zero_point();
+        let q_max = self.precision.q_max();
+        let bytes = self.precision == TilePrecision::I8 && int8_decode_available();
         self.k = x.len();
         self.xq.reset_zeroed(nb.next_multiple_of(2) * bpw);
+        if bytes {
+            let pairs = nb.div_ceil(2);
+            self.xq8
+                .reset_zeroed(pairs * layout::i8_extractions(ty) * 64);
+        } else {
+            self.xq8.reset_zeroed(0);
+        }
         self.sx.clear();
         self.sx.resize(padded_blocks(nb), 0.0);
         self.zq.clear();
@@ -241,20 +282,65 @@ impl PreparedI16 {
             } else {
                 f32::NAN
             };
-            let sx = amax / 32767.0;
-            let inv = if amax > 0.0 { 32767.0 / amax } else { 0.0 };
+            let sx = amax / q_max;
+            let inv = if amax > 0.0 { q_max / amax } else { 0.0 };
             let mut sum = 0i32;
             for (e, &v) in xb.iter().enumerate() {
                 // `as` saturates and maps NaN to 0: no panic on any input.
-                let q = (v * inv).round().clamp(-32767.0, 32767.0) as i16;
+                let q = (v * inv).round().clamp(-q_max, q_max) as i16;
                 sum += i32::from(q);
                 self.xq[layout::i16_index(ty, b, e)] = q;
+                if bytes {
+                    // |q| <= 127 at this precision.
+                    self.xq8[layout::i8_index(ty, b, e)] = q as i8;
+                }
             }
             self.sx[b] = sx;
             self.zq[b] = (z * sum) as f32;
         }
         Ok(())
     }
+}
+
+/// Whether this CPU has the int8 one-row decode kernel: AVX-512 BW with VNNI (`vpdpbusd`), from
+/// Cascade Lake and Zen 4 on (and not under an ISA cap below that level).
+pub fn int8_decode_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Isa::detect() == Isa::Avx512Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The activation grid of the products whose outputs are read (decode, verification, prompt
+/// rows with logits): int16 unless `PN_DECODE_ACTS=8` asks for int8 (`16` is the default).
+///
+/// What int8 buys: on a CPU with the int8 decode kernel ([`int8_decode_available`]) it halves
+/// the multiply-adds of the one-row product, and on Zen 4, where the int16 kernel computes
+/// below the DRAM read (17-18 GB/s of weights per core against 23-25 GB/s), whole-model decode
+/// ran 10-20% faster. Its error per activation, at most `1/254` of its block's largest (80 or
+/// 64 values), is what prompt rows that only feed the state already take on these CPUs, and
+/// finer than llama.cpp's 8-bit activations (one scale per 256 or 32 values): on the demo
+/// model the mean KL to the f16 model's next-token distribution moved from 1.713e-3 to
+/// 1.722e-3.
+///
+/// Why it is not the default: the products of several rows at once (speculative verification,
+/// batches, [`matvec_multi`], the tiles) add the same integer block sums in another f32 order,
+/// and a last-bit difference in one layer's output moves an activation across an int8
+/// rounding step 256 times coarser than int16's. So a sequence's logits would depend, by up
+/// to about 1e-3, on the sequences it shares a batch with and on whether it drafts, which
+/// breaks what pn guarantees (seeded sampling independent of the batch,
+/// `pn-runtime/tests/batch_engine.rs`). int8 becomes the default once every path that serves
+/// read rows computes the one-row kernel's exact f32 sums.
+pub fn decode_precision() -> TilePrecision {
+    static P: std::sync::OnceLock<TilePrecision> = std::sync::OnceLock::new();
+    *P.get_or_init(|| match std::env::var("PN_DECODE_ACTS").as_deref() {
+        Ok("8") => TilePrecision::I8,
+        _ => TilePrecision::I16,
+    })
 }
 
 impl PreparedActs for PreparedI16 {
@@ -271,6 +357,12 @@ impl Sealed for PreparedI16 {
         let nb = self.k / self.ty.weights_per_block();
         debug_assert_eq!(row.len(), nb * BLOCK_BYTES);
         match isa.or_scalar() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni if !self.xq8.is_empty() => {
+                // SAFETY: VNNI checked by `or_scalar`; `xq8` holds `nb` blocks rounded up to a
+                // pair (filled at `TilePrecision::I8` where `int8_decode_available`).
+                unsafe { x86_i8::dot_i8_avx512(self.ty, row, &self.xq8, &self.sx, &self.zq, nb) }
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
                 // SAFETY: features checked by `or_scalar`; buffers padded as documented.

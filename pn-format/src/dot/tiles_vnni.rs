@@ -373,7 +373,7 @@ unsafe fn group_pass_i8<const S: usize, const G: usize>(
 /// `x86_multi::dpwssd_asm`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpbusd(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(super) unsafe fn dpbusd(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     std::arch::asm!(
         "vpdpbusd {acc}, {a}, {b}",
         acc = inout(zmm_reg) acc,

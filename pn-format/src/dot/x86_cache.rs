@@ -32,13 +32,32 @@ const L1_SHARE_DEN: usize = 8;
 /// `ahead` bytes ahead: `PN_PREFETCH_LEVEL=l1|l2` if set (for tuning on a new machine), else by
 /// this CPU's L1 data cache size.
 pub(super) fn prefetch_level(act_bytes: usize, ahead: usize) -> PrefetchLevel {
+    forced_level().unwrap_or_else(|| level_for(l1d_bytes(), act_bytes, ahead))
+}
+
+/// `PN_PREFETCH_LEVEL` (read once).
+fn forced_level() -> Option<PrefetchLevel> {
     static FORCED: OnceLock<Option<PrefetchLevel>> = OnceLock::new();
-    let forced = FORCED.get_or_init(|| match std::env::var("PN_PREFETCH_LEVEL").as_deref() {
+    *FORCED.get_or_init(|| match std::env::var("PN_PREFETCH_LEVEL").as_deref() {
         Ok("l1") => Some(PrefetchLevel::L1),
         Ok("l2") => Some(PrefetchLevel::L2),
         _ => None,
-    });
-    forced.unwrap_or_else(|| level_for(l1d_bytes(), act_bytes, ahead))
+    })
+}
+
+/// The level for the int8 decode kernel (`x86_i8`): [`prefetch_level`]'s override if set, else
+/// L2 on AMD cores whatever the activations' size, else [`prefetch_level`]'s rule. Its
+/// activations (a third of the int16 ones, 6-14 KB at 27B shapes) fit in L1, yet on Zen 4 it
+/// streamed weights from DRAM faster with `prefetcht1` (`pn_decode` DRAM ring, alternated: one
+/// thread pn4t `ffn_down` 1.88-1.98 ms against 3.52-4.00, pn3t `ffn_up` 1.95-2.25 against
+/// 2.10-2.42; two threads 1.35-1.94 against 1.92-2.63 and 1.01-1.29 against 1.11-1.73): the
+/// faster kernel keeps more lines in flight than L1's miss buffers hold.
+pub(super) fn int8_prefetch_level(act_bytes: usize, ahead: usize) -> PrefetchLevel {
+    match forced_level() {
+        Some(level) => level,
+        None if super::x86::is_amd() => PrefetchLevel::L2,
+        None => level_for(l1d_bytes(), act_bytes, ahead),
+    }
 }
 
 /// The rule behind [`prefetch_level`], for an L1 data cache of `l1d` bytes.

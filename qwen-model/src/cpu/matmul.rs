@@ -50,7 +50,9 @@ fn first_error(slot: &Mutex<Option<ModelError>>, e: ModelError) {
 
 impl CpuBackend {
     /// The input rows of a product of `rows` rows that PN weights take on each path: `[fused
-    /// int16 kernels, int16 tiles, int8 tiles]` (ascending), written into `sets`. Rows that only feed the
+    /// kernels, int16 tiles, int8 tiles]` (ascending), written into `sets`. The fused kernels
+    /// take decode's grid ([`pn_format::dot::decode_precision`]); where that is int8, rows that
+    /// would take int16 tiles take int8 ones. Rows that only feed the
     /// sequences' states ([`Backend::set_state_rows`]) take int8 tiles where that is the tile
     /// precision ([`CpuBackend::state_rows_int8`]), however few; the others take int16 tiles from
     /// [`TILED_ROWS_MIN`](pn_format::dot::TILED_ROWS_MIN) rows (and the decode-once threshold)
@@ -75,9 +77,15 @@ impl CpuBackend {
         });
         let n = int16.len();
         if tiles && n >= self.decode_rows_min && n >= pn_format::dot::TILED_ROWS_MIN {
-            // The buffers trade places (capacities included): nothing is allocated once both
-            // have grown.
-            std::mem::swap(int16, int16_tiles);
+            if pn_format::dot::decode_precision() == TilePrecision::I8 && Self::state_rows_int8() {
+                // Rows whose outputs are read take decode's int8 grid here too.
+                int8.append(int16);
+                int8.sort_unstable();
+            } else {
+                // The buffers trade places (capacities included): nothing is allocated once
+                // both have grown.
+                std::mem::swap(int16, int16_tiles);
+            }
         }
     }
 
@@ -139,7 +147,8 @@ impl CpuBackend {
                     let r = if i < set.len() {
                         set[i].update(xt)
                     } else {
-                        PreparedI16::new(ty, xt).map(|p| set.push(p))
+                        PreparedI16::with_precision(ty, pn_format::dot::decode_precision(), xt)
+                            .map(|p| set.push(p))
                     };
                     r.map_err(|e| {
                         ModelError::BadArgument(format!("preparing PN activations: {e}"))

@@ -138,8 +138,9 @@ impl CpuBackend {
 
     /// Whether rows that only feed the state (`Backend::set_state_rows`: prompt rows whose
     /// logits nobody reads) take int8 activations in PN products on this CPU (AVX-512 VNNI or
-    /// AVX2 tiles without AMX, unless `PN_TILE_ACTS=16`); elsewhere every row takes decode's
-    /// int16.
+    /// AVX2 tiles without AMX, unless `PN_TILE_ACTS=16`); elsewhere they take int16. Rows whose
+    /// outputs are read take [`pn_format::dot::decode_precision`]'s grid (int16 unless
+    /// `PN_DECODE_ACTS=8`).
     pub fn state_rows_int8() -> bool {
         pn_format::dot::int8_kernel() != pn_format::dot::TileKernel::Reference
             && pn_format::dot::default_tile_precision() == pn_format::dot::TilePrecision::I8
