@@ -8,7 +8,8 @@
 //! input vector); the kernel is `matvec` on the best ISA and capped at AVX2. On Zen 4 the
 //! AVX-512 levels' decode kernel hands over to the AVX2 one (`PN_DECODE_256=0` measures the
 //! 512-bit one there). `i8_*` is the int8 kernel (AVX-512 VNNI + VBMI) on the int8 grid
-//! (`TilePrecision::I8`), the model's default there (`pn_format::dot::decode_precision`).
+//! (`TilePrecision::I8`), what the model takes with `PN_DECODE_ACTS=8`
+//! (`pn_format::dot::decode_precision`).
 //!
 //! `PN_BENCH_CLOCK=cpu` measures the threads' CPU time instead of the wall clock (a loaded
 //! machine); `PN_BENCH_MODES` lists the working sets (default `l3,dram`; `l2` adds the compute

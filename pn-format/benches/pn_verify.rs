@@ -3,7 +3,9 @@
 //! ring of copies past 1 GiB, as the 12 GB model is), on 1 and 2 threads: the decode kernel
 //! (`matvec`, 1 row), the fused int16 kernel (`matvec_multi`, 3 rows) and the AMX tiles
 //! (`matmul_tiled`, 24-bit, 3 rows) and the few-row AMX kernel (`matvec_small`, decode's int16
-//! activations, 3 rows) where the CPU has AMX, next to a read of the same bytes. Issue #16
+//! activations, 3 rows) where the CPU has AMX, next to a read of the same bytes; `_i8` rows
+//! are the same products on the int8 grid where the CPU has the int8 decode kernel (what the
+//! model takes with `PN_DECODE_ACTS=8`: `pn_format::dot::decode_precision`). Issue #16
 //! asks that 3 rows cost at most 1.15x one row: report `time(3 rows) / time(1 row)` from one run
 //! (criterion's `estimates.json` medians, divided), never bare times.
 //!
@@ -12,7 +14,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pn_format::dot::{
-    amx_available, matmul_tiled, matvec_multi, matvec_small, SmallActs, TileActs,
+    amx_available, int8_decode_available, matmul_tiled, matvec_multi, matvec_small, SmallActs,
+    TileActs, TilePrecision,
 };
 use pn_format::{matvec, PnType, PreparedI16};
 use rand::rngs::StdRng;
@@ -45,6 +48,12 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         .chunks_exact(k)
         .map(|xt| PreparedI16::new(ty, xt).unwrap())
         .collect();
+    // The int8 grid (`_i8` rows): the int8 kernels where the CPU has them.
+    let acts8: Vec<PreparedI16> = x
+        .chunks_exact(k)
+        .map(|xt| PreparedI16::with_precision(ty, TilePrecision::I8, xt).unwrap())
+        .collect();
+    let int8 = int8_decode_available();
     let mut g = c.benchmark_group(format!("verify_{ty}_{rows}x{k}_dram"));
     g.throughput(Throughput::Bytes((rows * rb) as u64));
     for threads in [1usize, 2] {
@@ -64,6 +73,17 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
         g.bench_function(format!("rows1_{threads}t"), |b| {
             b.iter_custom(|n| clock::run_split(n, threads, copies, &single))
         });
+        if int8 {
+            let single8 = |m: usize, t: usize| {
+                let (r0, r1) = clock::part(rows, t, threads);
+                let mut out = vec![0f32; r1 - r0];
+                matvec(ty, &ring[m][r0 * rb..r1 * rb], r1 - r0, &acts8[0], &mut out).unwrap();
+                black_box(&out);
+            };
+            g.bench_function(format!("rows1_i8_{threads}t"), |b| {
+                b.iter_custom(|n| clock::run_split(n, threads, copies, &single8))
+            });
+        }
         for n_in in row_counts() {
             let multi = |m: usize, t: usize| {
                 let (r0, r1) = clock::part(rows, t, threads);
@@ -76,6 +96,19 @@ fn bench_shape(c: &mut Criterion, ty: PnType, rows: usize, k: usize) {
             g.bench_function(format!("multi{n_in}_{threads}t"), |b| {
                 b.iter_custom(|n| clock::run_split(n, threads, copies, &multi))
             });
+            if int8 {
+                let multi8 = |m: usize, t: usize| {
+                    let (r0, r1) = clock::part(rows, t, threads);
+                    let mut outs = vec![vec![0f32; r1 - r0]; n_in];
+                    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                    let w = &ring[m][r0 * rb..r1 * rb];
+                    matvec_multi(ty, w, r1 - r0, &acts8[..n_in], &mut refs).unwrap();
+                    black_box(&outs);
+                };
+                g.bench_function(format!("multi{n_in}_i8_{threads}t"), |b| {
+                    b.iter_custom(|n| clock::run_split(n, threads, copies, &multi8))
+                });
+            }
             if amx_available() {
                 let mut small = SmallActs::default();
                 small.update(&acts[..n_in]).unwrap();

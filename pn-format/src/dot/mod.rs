@@ -19,7 +19,8 @@
 //! The row length `k` must be a whole number of blocks.
 //!
 //! [`matvec_multi`] multiplies a matrix with up to [`MAX_ACTS`] int16-prepared vectors in one pass
-//! over the weights (each block unpacked once), for speculative verification and small batches;
+//! over the weights (each block unpacked once), for speculative verification and small batches
+//! (int8-prepared ones: one row at a time, each output the one-row kernel's exact bits);
 //! [`matmul_tiled`] multiplies it with many (prompt chunks) in 16 x 16 AMX tiles (or 16-lane
 //! AVX-512 VNNI vectors without AMX, or, for int8 activations, AVX2 vectors), with the same
 //! per-block integer sums.
@@ -319,22 +320,24 @@ pub fn int8_decode_available() -> bool {
 /// rows with logits): int16 unless `PN_DECODE_ACTS=8` asks for int8 (`16` is the default).
 ///
 /// What int8 buys: on a CPU with the int8 decode kernel ([`int8_decode_available`]) it halves
-/// the multiply-adds of the one-row product, and on Zen 4, where the int16 kernel computes
-/// below the DRAM read (17-18 GB/s of weights per core against 23-25 GB/s), whole-model decode
-/// ran 10-20% faster. Its error per activation, at most `1/254` of its block's largest (80 or
-/// 64 values), is what prompt rows that only feed the state already take on these CPUs, and
+/// the multiply-adds of the one-row product; on Zen 4, where the int16 kernel computes below
+/// the DRAM read (17-18 GB/s of weights per core against 23-25 GB/s), whole-model decode ran
+/// 10-20% faster. Its error per activation, at most `1/254` of its block's largest (80 or 64
+/// values), is what prompt rows that only feed the state already take on these CPUs, and
 /// finer than llama.cpp's 8-bit activations (one scale per 256 or 32 values): on the demo
 /// model the mean KL to the f16 model's next-token distribution moved from 1.713e-3 to
-/// 1.722e-3.
+/// 1.722e-3. Several read rows at once ([`matvec_multi`]: verification, batches) get the
+/// one-row kernel's exact bits.
 ///
-/// Why it is not the default: the products of several rows at once (speculative verification,
-/// batches, [`matvec_multi`], the tiles) add the same integer block sums in another f32 order,
-/// and a last-bit difference in one layer's output moves an activation across an int8
-/// rounding step 256 times coarser than int16's. So a sequence's logits would depend, by up
-/// to about 1e-3, on the sequences it shares a batch with and on whether it drafts, which
-/// breaks what pn guarantees (seeded sampling independent of the batch,
-/// `pn-runtime/tests/batch_engine.rs`). int8 becomes the default once every path that serves
-/// read rows computes the one-row kernel's exact f32 sums.
+/// Why it is not the default: int8's rounding steps are 256 times int16's, so the last-bit
+/// differences between one row and several rows at once in the rest of the forward pass
+/// (attention, the delta rule, stock types decoded once) move the next layer's activations
+/// across them, and the logits by 3e-3 to 2e-2 where int16 keeps them within 1e-3. That
+/// breaks what pn guarantees and tests: greedy decoding with MTP speculation equals plain
+/// greedy (`pn-runtime/tests/spec_engine.rs`), batched rows equal each sequence alone
+/// (`qwen-model/tests/batch_forward.rs`), reported log probabilities equal a fresh pass's.
+/// int8 can become the default once the whole multi-row forward pass computes each row's
+/// one-row bits.
 pub fn decode_precision() -> TilePrecision {
     static P: std::sync::OnceLock<TilePrecision> = std::sync::OnceLock::new();
     *P.get_or_init(|| match std::env::var("PN_DECODE_ACTS").as_deref() {

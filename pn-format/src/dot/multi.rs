@@ -47,6 +47,31 @@ pub fn matvec_multi_with(
     }
     let nb = rb / BLOCK_BYTES;
     let isa = isa.or_scalar();
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni && acts.iter().all(|a| !a.xq8.is_empty()) {
+        // int8 activations where the int8 decode kernel runs: each output is bit for bit the
+        // one-row kernel's (`x86_i8::matvec_multi_i8_avx512`).
+        for (g, group) in acts.chunks(MAX_ACTS).enumerate() {
+            let outs = &mut outs[g * MAX_ACTS..g * MAX_ACTS + group.len()];
+            let mut ptrs = [super::x86_i8::I8Acts {
+                xq8: std::ptr::null(),
+                sx: std::ptr::null(),
+                zq: std::ptr::null(),
+            }; MAX_ACTS];
+            for (p, a) in ptrs.iter_mut().zip(group) {
+                *p = super::x86_i8::I8Acts {
+                    xq8: a.xq8.as_ptr(),
+                    sx: a.sx.as_ptr(),
+                    zq: a.zq.as_ptr(),
+                };
+            }
+            let ptrs = &ptrs[..group.len()];
+            // SAFETY: VNNI checked by `or_scalar`; `check_shapes` checked every length (each
+            // vector prepared for `nb` blocks of `ty`, its `xq8` filled since non-empty).
+            unsafe { super::x86_i8::matvec_multi_i8_avx512(ty, weights, rows, nb, ptrs, outs) };
+        }
+        return Ok(());
+    }
     for (g, group) in acts.chunks(MAX_ACTS).enumerate() {
         let outs = &mut outs[g * MAX_ACTS..g * MAX_ACTS + group.len()];
         #[cfg(target_arch = "x86_64")]

@@ -28,6 +28,21 @@ use super::x86_cache::int8_prefetch_level;
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
 
+/// Vectors one pass over a row serves: each takes four accumulators (`t0`, `t1`, `corr` and
+/// its scales), and with four of them the loop's registers still fit in 32.
+pub const I8_MULTI_ACTS: usize = 4;
+
+/// One int8-prepared vector's tables (`PreparedI16` at `TilePrecision::I8`), from block 0.
+#[derive(Clone, Copy, Debug)]
+pub struct I8Acts {
+    /// Values in `layout::i8_index` order.
+    pub xq8: *const i8,
+    /// Per-block scales, zero-padded to a multiple of 16 blocks.
+    pub sx: *const f32,
+    /// `z * sum(q)` per block, padded like `sx`.
+    pub zq: *const f32,
+}
+
 /// `sum(n q)` per block of one row against int8 activations (see the module docs).
 pub unsafe fn dot_i8_avx512(
     ty: PnType,
@@ -38,25 +53,78 @@ pub unsafe fn dot_i8_avx512(
     nb: usize,
 ) -> f32 {
     debug_assert!(xq8.len() >= nb.div_ceil(2) * i8_extractions(ty) * 64);
-    match ty {
-        PnType::Pn3t => i8_avx512::<3, 3>(row, xq8, sx, zq, nb),
-        PnType::Pn4t => i8_avx512::<4, 2>(row, xq8, sx, zq, nb),
+    let acts = [I8Acts {
+        xq8: xq8.as_ptr(),
+        sx: sx.as_ptr(),
+        zq: zq.as_ptr(),
+    }];
+    let [out] = match ty {
+        PnType::Pn3t => i8_avx512::<3, 3, 1>(row.as_ptr(), nb, &acts),
+        PnType::Pn4t => i8_avx512::<4, 2, 1>(row.as_ptr(), nb, &acts),
+    };
+    out
+}
+
+/// `outs[m][r] = dot(row r, acts[m])` for `rows` consecutive rows of `nb` blocks, every vector
+/// through [`dot_i8_avx512`]'s exact f32 steps: the rows are not split into block tiles (as
+/// the int16 `multi` kernels do), and each vector keeps its own accumulators in the one-row
+/// kernel's order, so every output is bit for bit what the one-row kernel gives. A sequence's
+/// logits then do not depend on how many rows it shares a pass with, which int8's coarse
+/// rounding steps would otherwise amplify from last-bit differences to about 1e-3. The codes
+/// are unpacked once per [`I8_MULTI_ACTS`] vectors.
+///
+/// Safety: the CPU has AVX-512 F/BW and VNNI; `weights` holds `rows * nb` blocks; every
+/// vector's tables are prepared for `nb` blocks of `ty` at int8 (see the module docs);
+/// `outs[m]` holds `rows` values.
+pub unsafe fn matvec_multi_i8_avx512(
+    ty: PnType,
+    weights: &[u8],
+    rows: usize,
+    nb: usize,
+    acts: &[I8Acts],
+    outs: &mut [&mut [f32]],
+) {
+    debug_assert!(weights.len() >= rows * nb * BLOCK_BYTES && outs.len() == acts.len());
+    if nb == 0 {
+        return;
+    }
+    for (r, row) in weights.chunks_exact(nb * BLOCK_BYTES).take(rows).enumerate() {
+        let p = row.as_ptr();
+        for (c, group) in acts.chunks(I8_MULTI_ACTS).enumerate() {
+            let mut got = [0f32; I8_MULTI_ACTS];
+            macro_rules! run {
+                ($m:literal) => {{
+                    let g: &[I8Acts; $m] = group.try_into().expect("group length");
+                    let o = match ty {
+                        PnType::Pn3t => i8_avx512::<3, 3, $m>(p, nb, g),
+                        PnType::Pn4t => i8_avx512::<4, 2, $m>(p, nb, g),
+                    };
+                    got[..$m].copy_from_slice(&o);
+                }};
+            }
+            match group.len() {
+                1 => run!(1),
+                2 => run!(2),
+                3 => run!(3),
+                _ => run!(4),
+            }
+            for (j, v) in got.iter().enumerate().take(group.len()) {
+                outs[c * I8_MULTI_ACTS + j][r] = *v;
+            }
+        }
     }
 }
 
-/// `sum(n * q)` of blocks `b` (lanes 0..8) and `b + 1` (lanes 8..16) in i32 lanes; with `ONE`,
-/// only block `b` (the padding activations of the missing block are 0).
+/// The code bytes of blocks `b` (lanes 0..8) and `b + 1` (lanes 8..16), one register per
+/// extraction (`layout::i8_extractions`; unused ones repeat); with `ONE`, only block `b` (the
+/// padding activations of the missing block are 0).
 ///
 /// The codes move into bytes by shifts and byte masks only (`layout::i8_slot_offset`): on
 /// Zen 4 `vpmultishiftqb` took about 2.5 cycles per 512-bit pick, which made the pn3t kernel
 /// no faster than the int16 one (27B `ffn_up` rows in L2, one thread: 16.7 us against 16.4),
 /// and a byte shuffle with variable 16-bit shifts took 12.1.
 #[inline(always)]
-unsafe fn pair_acc_i8<const BITS: u32, const E: usize, const ONE: bool>(
-    p: *const u8,
-    xp: *const i8,
-    b: usize,
-) -> __m512i {
+unsafe fn pair_codes<const BITS: u32, const ONE: bool>(p: *const u8, b: usize) -> [__m512i; 3] {
     let w0 = _mm256_loadu_si256(p.add(BLOCK_BYTES * b + 2) as *const __m256i);
     let w = if ONE {
         _mm512_zextsi256_si512(w0)
@@ -64,8 +132,7 @@ unsafe fn pair_acc_i8<const BITS: u32, const E: usize, const ONE: bool>(
         let w1 = _mm256_loadu_si256(p.add(BLOCK_BYTES * (b + 1) + 2) as *const __m256i);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1)
     };
-    let x = xp.add(b / 2 * E * 64);
-    let codes: [__m512i; 3] = if BITS == 4 {
+    if BITS == 4 {
         // Byte `k` holds codes at bits `8k` (low nibble) and `8k + 4` (high nibble).
         let mask = _mm512_set1_epi8(0x0f);
         let lo = _mm512_and_si512(w, mask);
@@ -85,7 +152,13 @@ unsafe fn pair_acc_i8<const BITS: u32, const E: usize, const ONE: bool>(
         let c1 = _mm512_and_si512(_mm512_srli_epi16::<3>(v), mask);
         let c2 = _mm512_and_si512(_mm512_srli_epi16::<6>(w), _mm512_set1_epi16(7));
         [c0, c1, c2]
-    };
+    }
+}
+
+/// `sum(n * q)` of the pair whose codes are `codes`, against its `E * 64` activation bytes at
+/// `x`, in i32 lanes (exact: at most 4 x 15 x 127 per product quad).
+#[inline(always)]
+unsafe fn pair_sum<const E: usize>(codes: &[__m512i; 3], x: *const i8) -> __m512i {
     // Two chains: each `vpdpbusd` depends on the last one in its accumulator.
     let mut accs = [_mm512_setzero_si512(); 2];
     for (m, c) in codes.iter().enumerate().take(E) {
@@ -95,44 +168,57 @@ unsafe fn pair_acc_i8<const BITS: u32, const E: usize, const ONE: bool>(
     _mm512_add_epi32(accs[0], accs[1])
 }
 
+/// One row of `nb` blocks at `p` against `M` vectors: `x86::i16_avx512_body`'s f32 steps, in
+/// its order, for each vector (so any `M` gives each vector the bits of `M = 1`), with
+/// `pair_codes` and `pair_sum` for its pair sums.
+// The loops over `0..M` index four per-vector arrays in step.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn i8_avx512<const BITS: u32, const E: usize>(
-    row: &[u8],
-    xq8: &[i8],
-    sx: &[f32],
-    zq: &[f32],
+unsafe fn i8_avx512<const BITS: u32, const E: usize, const M: usize>(
+    p: *const u8,
     nb: usize,
-) -> f32 {
-    let p = row.as_ptr();
-    let xp = xq8.as_ptr();
+    acts: &[I8Acts; M],
+) -> [f32; M] {
     let ahead = prefetch_bytes();
-    let level = int8_prefetch_level(E * 32 * nb, ahead);
-    // From here on `x86::i16_avx512_body` with `pair_acc_i8` for its pair sums (same f32
-    // operations in the same order; see there for the two accumulators).
-    let mut t0 = _mm512_setzero_ps();
-    let mut t1 = _mm512_setzero_ps();
-    let mut corr = _mm512_setzero_ps();
+    let level = int8_prefetch_level(M * E * 32 * nb, ahead);
+    // Per vector: two f32 accumulators (even and odd pairs; see `x86::i16_avx512_body`) and
+    // the zero-point correction.
+    let mut t0 = [_mm512_setzero_ps(); M];
+    let mut t1 = [_mm512_setzero_ps(); M];
+    let mut corr = [_mm512_setzero_ps(); M];
     let first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let two = _mm512_set1_epi32(2);
     let four = _mm512_set1_epi32(4);
+    let x_of = |a: usize, b: usize| acts[a].xq8.add(b / 2 * E * 64);
     let mut b = 0;
     while b + 16 <= nb {
         prefetch_ahead(p, b, 16, ahead, level);
         let dv = _mm512_cvtph_ps(scales16(p, b));
-        let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
-        corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
+        let mut dsx = [_mm512_setzero_ps(); M];
+        for a in 0..M {
+            dsx[a] = _mm512_mul_ps(dv, _mm512_loadu_ps(acts[a].sx.add(b)));
+            corr[a] = _mm512_fmadd_ps(dsx[a], _mm512_loadu_ps(acts[a].zq.add(b)), corr[a]);
+        }
         let mut idx = first;
         for k in 0..4 {
-            let a0 = pair_acc_i8::<BITS, E, false>(p, xp, b + 4 * k);
-            let a1 = pair_acc_i8::<BITS, E, false>(p, xp, b + 4 * k + 2);
-            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_permutexvar_ps(idx, dsx), t0);
             let idx1 = _mm512_add_epi32(idx, two);
-            t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_permutexvar_ps(idx1, dsx), t1);
+            let c0 = pair_codes::<BITS, false>(p, b + 4 * k);
+            let c1 = pair_codes::<BITS, false>(p, b + 4 * k + 2);
+            for a in 0..M {
+                let s0 = pair_sum::<E>(&c0, x_of(a, b + 4 * k));
+                let s1 = pair_sum::<E>(&c1, x_of(a, b + 4 * k + 2));
+                let d0 = _mm512_permutexvar_ps(idx, dsx[a]);
+                t0[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), d0, t0[a]);
+                let d1 = _mm512_permutexvar_ps(idx1, dsx[a]);
+                t1[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), d1, t1[a]);
+            }
             idx = _mm512_add_epi32(idx, four);
         }
         b += 16;
     }
-    t0 = _mm512_add_ps(t0, t1);
+    for a in 0..M {
+        t0[a] = _mm512_add_ps(t0[a], t1[a]);
+    }
     if b < nb {
         let n = nb - b;
         let mut hs = [0u16; 16];
@@ -140,22 +226,33 @@ unsafe fn i8_avx512<const BITS: u32, const E: usize>(
             *h = std::ptr::read_unaligned(p.add(BLOCK_BYTES * (b + i)) as *const u16);
         }
         let dv = _mm512_cvtph_ps(_mm256_loadu_si256(hs.as_ptr() as *const __m256i));
-        let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
-        corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
+        let mut dsx = [_mm512_setzero_ps(); M];
+        for a in 0..M {
+            dsx[a] = _mm512_mul_ps(dv, _mm512_loadu_ps(acts[a].sx.add(b)));
+            corr[a] = _mm512_fmadd_ps(dsx[a], _mm512_loadu_ps(acts[a].zq.add(b)), corr[a]);
+        }
         let mut idx = first;
         let mut i = 0;
-        while i + 1 < n {
-            let a = pair_acc_i8::<BITS, E, false>(p, xp, b + i);
-            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(idx, dsx), t0);
+        while i < n {
+            let codes = if i + 1 < n {
+                pair_codes::<BITS, false>(p, b + i)
+            } else {
+                pair_codes::<BITS, true>(p, b + i)
+            };
+            for a in 0..M {
+                let s = pair_sum::<E>(&codes, x_of(a, b + i));
+                let d = _mm512_permutexvar_ps(idx, dsx[a]);
+                t0[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, t0[a]);
+            }
             idx = _mm512_add_epi32(idx, two);
             i += 2;
         }
-        if i < n {
-            let a = pair_acc_i8::<BITS, E, true>(p, xp, b + i);
-            t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(idx, dsx), t0);
-        }
     }
-    _mm512_reduce_add_ps(t0) - _mm512_reduce_add_ps(corr)
+    let mut out = [0f32; M];
+    for a in 0..M {
+        out[a] = _mm512_reduce_add_ps(t0[a]) - _mm512_reduce_add_ps(corr[a]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -226,6 +323,65 @@ mod tests {
                     // The dispatcher takes this kernel for int8 activations.
                     let via = dot_prepared_with(Isa::Avx512Vnni, ty, &row, &acts).unwrap();
                     assert_eq!(via.to_bits(), got.to_bits(), "{ty} nb={nb}: dispatch");
+                }
+            }
+        }
+    }
+
+    /// Several vectors in one pass: every output bit for bit the one-row kernel's (groups of
+    /// [`I8_MULTI_ACTS`] and their remainders, odd block counts, rows at odd byte offsets),
+    /// and within rounding of the scalar reference.
+    #[test]
+    fn int8_multi_rows_equal_the_one_row_kernel_bit_for_bit() {
+        if !crate::dot::int8_decode_available() {
+            eprintln!("skipped: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for ty in PnType::ALL {
+            for nb in [1, 2, 17, 33, 64] {
+                let k = nb * ty.weights_per_block();
+                let rows = 3;
+                let mut s = 0x5eed + nb as u64;
+                // One spare byte in front: rows start at odd addresses.
+                let mut w = vec![0u8];
+                for _ in 0..rows {
+                    let r: Vec<f32> = (0..k).map(|_| xorshift(&mut s)).collect();
+                    w.extend(quantize_row_ref(ty, &r).unwrap());
+                }
+                let w = &w[1..];
+                let rb = nb * BLOCK_BYTES;
+                let acts: Vec<PreparedI16> = (0..9)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..k).map(|_| xorshift(&mut s) * 3.0).collect();
+                        PreparedI16::with_precision(ty, TilePrecision::I8, &x).unwrap()
+                    })
+                    .collect();
+                for m in [1, 2, 3, 4, 5, 8, 9] {
+                    let mut outs = vec![vec![0f32; rows]; m];
+                    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                    crate::dot::matvec_multi_with(
+                        Isa::Avx512Vnni,
+                        ty,
+                        w,
+                        rows,
+                        &acts[..m],
+                        &mut refs,
+                    )
+                    .unwrap();
+                    let mut want = vec![vec![0f32; rows]; m];
+                    let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|o| &mut o[..]).collect();
+                    crate::dot::matvec_multi_with(Isa::Scalar, ty, w, rows, &acts[..m], &mut refs)
+                        .unwrap();
+                    for (j, a) in acts[..m].iter().enumerate() {
+                        for r in 0..rows {
+                            let row = &w[r * rb..(r + 1) * rb];
+                            let one = dot_prepared_with(Isa::Avx512Vnni, ty, row, a).unwrap();
+                            let got = outs[j][r];
+                            assert_eq!(got.to_bits(), one.to_bits(), "{ty} nb={nb} m={m} {j},{r}");
+                            let tol = 1e-5 * want[j][r].abs().max(1.0) * (nb as f32).sqrt();
+                            assert!((got - want[j][r]).abs() <= tol, "{ty} nb={nb} m={m}");
+                        }
+                    }
                 }
             }
         }
