@@ -88,7 +88,11 @@ pub unsafe fn matvec_multi_i8_avx512(
     if nb == 0 {
         return;
     }
-    for (r, row) in weights.chunks_exact(nb * BLOCK_BYTES).take(rows).enumerate() {
+    for (r, row) in weights
+        .chunks_exact(nb * BLOCK_BYTES)
+        .take(rows)
+        .enumerate()
+    {
         let p = row.as_ptr();
         for (c, group) in acts.chunks(I8_MULTI_ACTS).enumerate() {
             let mut got = [0f32; I8_MULTI_ACTS];
