@@ -15,12 +15,24 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run_in(dir: &Path, exe: &Path, args: &[&str]) -> Output {
-    Command::new(exe)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the copied pn")
+    // A freshly copied executable can be "busy" for a moment: another test thread's fork
+    // inherits the copy's open write descriptor until that child execs (Linux ETXTBSY; seen
+    // once in CI, 2026-12-05). Retry briefly rather than fail on the race.
+    let mut tries = 0;
+    loop {
+        match Command::new(exe)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.expect("run the copied pn"),
+        }
+    }
 }
 
 /// A copy of `pn` alone in an empty directory runs every model command on its built-in demo.
