@@ -7,7 +7,7 @@
 //! with 5120 rows x K=17408 (47.4 MB). Activations are prepared once (as the model does per
 //! input vector); the kernel is `matvec` on the best ISA and capped at AVX2. On Zen 4 the
 //! AVX-512 levels' decode kernel hands over to the AVX2 one (`PN_DECODE_256=0` measures the
-//! 512-bit one there). `i8_*` is the int8 kernel (AVX-512 VNNI + VBMI) on the int8 grid
+//! 512-bit one there). `i8_*` is the int8 kernel (AVX-512 VNNI) on the int8 grid
 //! (`TilePrecision::I8`), what the model takes with `PN_DECODE_ACTS=8`
 //! (`pn_format::dot::decode_precision`).
 //!

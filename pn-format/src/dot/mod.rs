@@ -326,8 +326,8 @@ pub fn int8_decode_available() -> bool {
 /// values), is what prompt rows that only feed the state already take on these CPUs, and
 /// finer than llama.cpp's 8-bit activations (one scale per 256 or 32 values): on the demo
 /// model the mean KL to the f16 model's next-token distribution moved from 1.713e-3 to
-/// 1.722e-3. Several read rows at once ([`matvec_multi`]: verification, batches) get the
-/// one-row kernel's exact bits.
+/// 1.722e-3. Several read rows at once ([`matvec_multi`]: verification, batches of up to 8
+/// read rows; the model gives more the int8 tiles) get the one-row kernel's exact bits.
 ///
 /// Why it is not the default: int8's rounding steps are 256 times int16's, so the last-bit
 /// differences between one row and several rows at once in the rest of the forward pass

@@ -542,20 +542,9 @@ unsafe fn i16_avx512_vbmi<const BITS: u32, const S: usize>(
     i16_avx512_body::<BITS, S, true, true>(row, xq, sx, zq, nb)
 }
 
-/// The plain AVX-512BW int16 kernel, for the int8 kernel's bit-for-bit test.
-#[cfg(test)]
-pub(super) unsafe fn i16_avx512_bw_for_tests<const BITS: u32, const S: usize>(
-    row: &[u8],
-    xq: &[i16],
-    sx: &[f32],
-    zq: &[f32],
-    nb: usize,
-) -> f32 {
-    i16_avx512_bw::<BITS, S>(row, xq, sx, zq, nb)
-}
-
+/// The plain AVX-512BW int16 kernel (also the int8 kernel's reference in its tests).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn i16_avx512_bw<const BITS: u32, const S: usize>(
+pub(super) unsafe fn i16_avx512_bw<const BITS: u32, const S: usize>(
     row: &[u8],
     xq: &[i16],
     sx: &[f32],

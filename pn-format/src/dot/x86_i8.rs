@@ -308,10 +308,10 @@ mod tests {
                     // SAFETY: as above (the BW kernel needs a subset of the features).
                     let bw = unsafe {
                         match ty {
-                            PnType::Pn3t => crate::dot::x86::i16_avx512_bw_for_tests::<3, 5>(
+                            PnType::Pn3t => crate::dot::x86::i16_avx512_bw::<3, 5>(
                                 &row, &acts.xq, &acts.sx, &acts.zq, nb,
                             ),
-                            PnType::Pn4t => crate::dot::x86::i16_avx512_bw_for_tests::<4, 4>(
+                            PnType::Pn4t => crate::dot::x86::i16_avx512_bw::<4, 4>(
                                 &row, &acts.xq, &acts.sx, &acts.zq, nb,
                             ),
                         }
