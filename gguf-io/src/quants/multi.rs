@@ -3,7 +3,10 @@
 //! Decoding a row's blocks once and multiplying each with every vector makes a pass over a
 //! matrix for a few tokens (speculative verification, small batches) cost about one pass for
 //! one token. The AVX2 kernels (Q8_0, Q4_K, F16, F32 fused; every other type decodes a block
-//! at a time) are tested against [`super::reference::vec_dot_f32_multi`].
+//! at a time) are tested against [`super::reference::vec_dot_f32_multi`]. For F32, F16 and Q8_0
+//! they do the one-vector kernels' arithmetic in the same order, so each vector gets
+//! [`super::vec_dot_f32`]'s exact bits: a pass of a few rows (MTP verification, batched decode)
+//! through such weights (widths the int16 kernels do not take) gives each row its decode bits.
 
 use super::{blockwise_dot, check_row, decoder, QuantError};
 use crate::types::GgmlType;

@@ -79,18 +79,21 @@ unsafe fn fma_all<const M: usize>(
     }
 }
 
+/// Two accumulators per vector over 16 elements a step, summed, then the scalar tail: the
+/// arithmetic of the one-vector `x86::dot_f32`, so every output has its bits.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn f32_rows<const M: usize>(row: &[u8], xp: [*const f32; M], n: usize) -> [f32; M] {
     let w = row.as_ptr() as *const f32;
-    let mut acc = [_mm256_setzero_ps(); M];
+    let (mut a0, mut a1) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
     let mut i = 0;
-    while i + 8 <= n {
-        fma_all(&mut acc, _mm256_loadu_ps(w.add(i)), &xp, i);
-        i += 8;
+    while i + 16 <= n {
+        fma_all(&mut a0, _mm256_loadu_ps(w.add(i)), &xp, i);
+        fma_all(&mut a1, _mm256_loadu_ps(w.add(i + 8)), &xp, i + 8);
+        i += 16;
     }
     let mut out = [0f32; M];
     for m in 0..M {
-        out[m] = hsum(acc[m]);
+        out[m] = hsum(_mm256_add_ps(a0[m], a1[m]));
         for j in i..n {
             out[m] += std::ptr::read_unaligned(w.add(j)) * *xp[m].add(j);
         }
@@ -98,19 +101,22 @@ unsafe fn f32_rows<const M: usize>(row: &[u8], xp: [*const f32; M], n: usize) ->
     out
 }
 
+/// As [`f32_rows`] for f16 weights (the arithmetic of `x86::dot_f16`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_rows<const M: usize>(row: &[u8], xp: [*const f32; M], n: usize) -> [f32; M] {
     let w = row.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); M];
+    let (mut a0, mut a1) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
     let mut i = 0;
-    while i + 8 <= n {
-        let h = _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i));
-        fma_all(&mut acc, h, &xp, i);
-        i += 8;
+    while i + 16 <= n {
+        let h0 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i));
+        let h1 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i + 16) as *const __m128i));
+        fma_all(&mut a0, h0, &xp, i);
+        fma_all(&mut a1, h1, &xp, i + 8);
+        i += 16;
     }
     let mut out = [0f32; M];
     for m in 0..M {
-        out[m] = hsum(acc[m]);
+        out[m] = hsum(_mm256_add_ps(a0[m], a1[m]));
         for j in i..n {
             out[m] += f16_at(row, 2 * j) * *xp[m].add(j);
         }
@@ -118,16 +124,22 @@ unsafe fn f16_rows<const M: usize>(row: &[u8], xp: [*const f32; M], n: usize) ->
     out
 }
 
+/// Per block and vector, the integer codes times the inputs summed first, then scaled into the
+/// accumulator: the arithmetic of the one-vector `x86::dot_q8_0_f32`, so every output has its
+/// bits (a pass of a few rows gives each the bits of its decode step).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn q8_0_rows<const M: usize>(row: &[u8], xp: [*const f32; M]) -> [f32; M] {
     let mut acc = [_mm256_setzero_ps(); M];
     for (i, b) in row.chunks_exact(34).enumerate() {
-        let d = _mm256_set1_ps(f16_at(b, 0));
         let q = b.as_ptr().add(2);
+        let mut s = [_mm256_setzero_ps(); M];
         for g in 0..4 {
             let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(8 * g) as *const __m128i));
-            let w = _mm256_mul_ps(_mm256_cvtepi32_ps(v), d);
-            fma_all(&mut acc, w, &xp, 32 * i + 8 * g);
+            fma_all(&mut s, _mm256_cvtepi32_ps(v), &xp, 32 * i + 8 * g);
+        }
+        let d = _mm256_set1_ps(f16_at(b, 0));
+        for m in 0..M {
+            acc[m] = _mm256_fmadd_ps(d, s[m], acc[m]);
         }
     }
     acc.map(|a| hsum(a))
