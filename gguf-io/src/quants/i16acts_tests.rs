@@ -309,3 +309,28 @@ fn multi_set_errors_are_typed() {
         Err(QuantError::Unsupported { .. })
     ));
 }
+
+/// The quantizer's rounding equals `f32::round_ties_even` over its whole range: every half
+/// and quarter step up to the clamp bound, values next to them, and NaN (which `as` maps to 0).
+#[test]
+fn small_rounding_equals_round_ties_even() {
+    use super::round_ties_even_small as r;
+    for i in -4 * 32767..=4 * 32767 {
+        let v = i as f32 / 4.0;
+        for w in [
+            v,
+            f32::from_bits(v.to_bits() + 1),
+            f32::from_bits(v.to_bits().max(1) - 1),
+        ] {
+            if w.abs() <= 32767.0 {
+                assert_eq!(
+                    r(w).to_bits() & 0x7fff_ffff,
+                    w.round_ties_even().to_bits() & 0x7fff_ffff,
+                    "{w:e}"
+                );
+                assert_eq!(r(w) as i16, w.round_ties_even() as i16, "{w:e}");
+            }
+        }
+    }
+    assert_eq!(r(f32::NAN) as i16, 0);
+}

@@ -142,4 +142,25 @@ mod tests {
             assert_eq!(slots * 8, 2 * bpw, "{ty}: used slots per qword");
         }
     }
+
+    /// Both layouts place an element at its block's offset plus its own offset in the block,
+    /// whatever the block: `PreparedI16::update` computes the second once per call.
+    #[test]
+    fn slots_are_block_offset_plus_element_offset() {
+        type Index = fn(PnType, usize, usize) -> usize;
+        let layouts: [(&str, Index); 2] = [("i16", i16_index), ("i8", i8_index)];
+        for ty in PnType::ALL {
+            for (name, index) in layouts {
+                for b in 0..7 {
+                    for e in 0..ty.weights_per_block() {
+                        assert_eq!(
+                            index(ty, b, e),
+                            index(ty, b, 0) - index(ty, 0, 0) + index(ty, 0, e),
+                            "{ty} {name}: block {b} element {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

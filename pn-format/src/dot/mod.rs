@@ -102,6 +102,16 @@ mod sealed {
     pub trait Sealed {
         /// Dot product with one row of exactly `row_bytes(k)` bytes (checked by the callers).
         fn dot_row_unchecked(&self, isa: Isa, row: &[u8]) -> f32;
+
+        /// `out[r] = row r . x` for the rows of `weights`, each exactly `row_bytes(k)` bytes
+        /// and one per output (checked by the callers). An implementation may choose its
+        /// kernel once for all the rows instead of once per row.
+        fn matvec_unchecked(&self, isa: Isa, weights: &[u8], out: &mut [f32]) {
+            let rb = weights.len() / out.len().max(1);
+            for (o, row) in out.iter_mut().zip(weights.chunks_exact(rb.max(1))) {
+                *o = self.dot_row_unchecked(isa, row);
+            }
+        }
     }
 }
 use sealed::Sealed;
@@ -117,6 +127,10 @@ fn check_k(ty: PnType, k: usize) -> Result<usize, PnError> {
     }
     Ok(k / bpw)
 }
+
+/// The most weights one block holds (pn3t's 80): the size of per-block scratch arrays.
+const MAX_BLOCK_WEIGHTS: usize = PnType::Pn3t.weights_per_block();
+const _: () = assert!(PnType::Pn4t.weights_per_block() <= MAX_BLOCK_WEIGHTS);
 
 /// Rounds a block count up to the 16-block batches the SIMD kernels read per-block tables in.
 fn padded_blocks(nb: usize) -> usize {
@@ -276,24 +290,36 @@ impl PreparedI16 {
         self.sx.resize(padded_blocks(nb), 0.0);
         self.zq.clear();
         self.zq.resize(padded_blocks(nb), 0.0);
+        // Where each element of a block goes, relative to the block's first slot: both
+        // layouts place a block at an offset of its own plus the element's offset in it
+        // (`layout`'s tests), so the index arithmetic (divisions by the codes per word) runs
+        // once per element of one block instead of once per element of every block.
+        let mut off16 = [0usize; MAX_BLOCK_WEIGHTS];
+        let mut off8 = [0usize; MAX_BLOCK_WEIGHTS];
+        for e in 0..bpw {
+            off16[e] = layout::i16_index(ty, 0, e);
+            off8[e] = layout::i8_index(ty, 0, e);
+        }
+        // The block's values on the grid (`[bpw]`).
+        let mut q = [0i32; MAX_BLOCK_WEIGHTS];
         for (b, xb) in x.chunks_exact(bpw).enumerate() {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let amax = if xb.iter().all(|v| v.is_finite()) {
-                amax
-            } else {
-                f32::NAN
-            };
-            let sx = amax / q_max;
-            let inv = if amax > 0.0 { q_max / amax } else { 0.0 };
-            let mut sum = 0i32;
-            for (e, &v) in xb.iter().enumerate() {
-                // `as` saturates and maps NaN to 0: no panic on any input.
-                let q = (v * inv).round().clamp(-q_max, q_max) as i16;
-                sum += i32::from(q);
-                self.xq[layout::i16_index(ty, b, e)] = q;
-                if bytes {
-                    // |q| <= 127 at this precision.
-                    self.xq8[layout::i8_index(ty, b, e)] = q as i8;
+            let (sx, inv) = tiles_quant::block_scale(xb, q_max);
+            // Clamped, then rounded half away from zero without a libm call per value (the
+            // tiles' quantizer: the same values as `(v * inv).round().clamp(..)`, NaN to 0).
+            for (qe, &v) in q.iter_mut().zip(xb) {
+                *qe = tiles_quant::round_away((v * inv).clamp(-q_max, q_max));
+            }
+            let q = &q[..bpw];
+            let sum: i32 = q.iter().sum();
+            let base = layout::i16_index(ty, b, 0) - off16[0];
+            for (&o, &v) in off16[..bpw].iter().zip(q) {
+                self.xq[base + o] = v as i16;
+            }
+            if bytes {
+                // |q| <= 127 at this precision.
+                let base = layout::i8_index(ty, b, 0) - off8[0];
+                for (&o, &v) in off8[..bpw].iter().zip(q) {
+                    self.xq8[base + o] = v as i8;
                 }
             }
             self.sx[b] = sx;
@@ -355,37 +381,86 @@ impl PreparedActs for PreparedI16 {
     }
 }
 
-impl Sealed for PreparedI16 {
-    fn dot_row_unchecked(&self, isa: Isa, row: &[u8]) -> f32 {
-        let nb = self.k / self.ty.weights_per_block();
-        debug_assert_eq!(row.len(), nb * BLOCK_BYTES);
+/// A one-row int16-grid kernel: `(type, row, xq, sx, zq, blocks) -> row . x`.
+#[cfg(target_arch = "x86_64")]
+type I16Kernel = unsafe fn(PnType, &[u8], &[i16], &[f32], &[f32], usize) -> f32;
+
+/// The one-row kernel [`PreparedI16`] takes on an instruction set, chosen once per matrix (the
+/// choice reads several CPU feature flags; per 2-9 KB row it cost about 2% of decode).
+#[derive(Clone, Copy)]
+enum RowKernel {
+    /// `x86_i8::dot_i8_avx512` on the int8 copy.
+    #[cfg(target_arch = "x86_64")]
+    I8,
+    /// An int16 SIMD kernel.
+    #[cfg(target_arch = "x86_64")]
+    I16(I16Kernel),
+    /// `scalar::dot_i16`.
+    Scalar,
+}
+
+impl PreparedI16 {
+    /// The kernel for rows multiplied on `isa` (scalar where the CPU lacks it).
+    fn row_kernel(&self, isa: Isa) -> RowKernel {
         match isa.or_scalar() {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni if !self.xq8.is_empty() => {
-                // SAFETY: VNNI checked by `or_scalar`; `xq8` holds `nb` blocks rounded up to a
-                // pair (filled at `TilePrecision::I8` where `int8_decode_available`).
-                unsafe { x86_i8::dot_i8_avx512(self.ty, row, &self.xq8, &self.sx, &self.zq, nb) }
+            Isa::Avx512Vnni if !self.xq8.is_empty() => RowKernel::I8,
+            // Zen 4: the AVX-512 levels hand over to the AVX2 kernel (`decode_prefers_256`);
+            // taking it here skips that check per row.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni | Isa::Avx512 if x86::decode_prefers_256() => {
+                RowKernel::I16(x86::dot_i16_avx2)
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => {
-                // SAFETY: features checked by `or_scalar`; buffers padded as documented.
-                unsafe {
-                    x86::dot_i16_avx512::<true>(self.ty, row, &self.xq, &self.sx, &self.zq, nb)
-                }
-            }
+            Isa::Avx512Vnni => RowKernel::I16(x86::dot_i16_avx512::<true>),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                // SAFETY: as above.
-                unsafe {
-                    x86::dot_i16_avx512::<false>(self.ty, row, &self.xq, &self.sx, &self.zq, nb)
-                }
-            }
+            Isa::Avx512 => RowKernel::I16(x86::dot_i16_avx512::<false>),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                // SAFETY: as above.
-                unsafe { x86::dot_i16_avx2(self.ty, row, &self.xq, &self.sx, &self.zq, nb) }
-            }
-            _ => scalar::dot_i16(self.ty, row, &self.xq, &self.sx, &self.zq),
+            Isa::Avx2 => RowKernel::I16(x86::dot_i16_avx2),
+            _ => RowKernel::Scalar,
+        }
+    }
+
+    /// One row through `kernel`.
+    ///
+    /// # Safety
+    /// `kernel` comes from [`PreparedI16::row_kernel`] of these activations (so the CPU has its
+    /// features and `xq8` is filled where it reads it); `row` is `k / weights_per_block`
+    /// blocks.
+    #[inline]
+    unsafe fn dot_with(&self, kernel: RowKernel, row: &[u8]) -> f32 {
+        let nb = self.k / self.ty.weights_per_block();
+        debug_assert_eq!(row.len(), nb * BLOCK_BYTES);
+        match kernel {
+            // SAFETY: VNNI checked by `or_scalar` in `row_kernel`; `xq8` holds `nb` blocks
+            // rounded up to a pair (filled at `TilePrecision::I8` where
+            // `int8_decode_available`).
+            #[cfg(target_arch = "x86_64")]
+            RowKernel::I8 => unsafe {
+                x86_i8::dot_i8_avx512(self.ty, row, &self.xq8, &self.sx, &self.zq, nb)
+            },
+            // SAFETY: features checked by `or_scalar` in `row_kernel`; buffers padded as
+            // documented.
+            #[cfg(target_arch = "x86_64")]
+            RowKernel::I16(f) => unsafe { f(self.ty, row, &self.xq, &self.sx, &self.zq, nb) },
+            RowKernel::Scalar => scalar::dot_i16(self.ty, row, &self.xq, &self.sx, &self.zq),
+        }
+    }
+}
+
+impl Sealed for PreparedI16 {
+    fn dot_row_unchecked(&self, isa: Isa, row: &[u8]) -> f32 {
+        // SAFETY: the kernel is these activations' own; the row length is the caller's
+        // contract.
+        unsafe { self.dot_with(self.row_kernel(isa), row) }
+    }
+
+    fn matvec_unchecked(&self, isa: Isa, weights: &[u8], out: &mut [f32]) {
+        let kernel = self.row_kernel(isa);
+        let rb = self.k / self.ty.weights_per_block() * BLOCK_BYTES;
+        for (o, row) in out.iter_mut().zip(weights.chunks_exact(rb.max(1))) {
+            // SAFETY: as in `dot_row_unchecked`, the kernel chosen once for every row.
+            *o = unsafe { self.dot_with(kernel, row) };
         }
     }
 }
@@ -509,9 +584,101 @@ pub fn matvec_with(
         out.fill(0.0);
         return Ok(());
     }
-    let isa = isa.or_scalar();
-    for (o, row) in out.iter_mut().zip(weights.chunks_exact(rb)) {
-        *o = acts.dot_row_unchecked(isa, row);
-    }
+    acts.matvec_unchecked(isa.or_scalar(), weights, out);
     Ok(())
+}
+
+#[cfg(test)]
+mod prepare_tests {
+    //! [`PreparedI16::update`] against the rule as first written: per element, `f32::round`
+    //! then clamp, each index from the layout functions.
+    use super::*;
+
+    /// `(xq, xq8, sx, zq)` of `x` by the plain rule (`xq8` only where `update` fills it).
+    fn reference(ty: PnType, precision: TilePrecision, x: &[f32]) -> Prepared {
+        let bpw = ty.weights_per_block();
+        let nb = x.len() / bpw;
+        let q_max = precision.q_max();
+        let bytes = precision == TilePrecision::I8 && int8_decode_available();
+        let mut xq = vec![0i16; nb.next_multiple_of(2) * bpw];
+        let mut xq8 = vec![
+            0i8;
+            if bytes {
+                nb.div_ceil(2) * layout::i8_extractions(ty) * 64
+            } else {
+                0
+            }
+        ];
+        let (mut sx, mut zq) = (vec![0f32; padded_blocks(nb)], vec![0f32; padded_blocks(nb)]);
+        for (b, xb) in x.chunks_exact(bpw).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = if xb.iter().all(|v| v.is_finite()) {
+                amax
+            } else {
+                f32::NAN
+            };
+            let inv = if amax > 0.0 { q_max / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (e, &v) in xb.iter().enumerate() {
+                let q = (v * inv).round().clamp(-q_max, q_max) as i16;
+                sum += i32::from(q);
+                xq[layout::i16_index(ty, b, e)] = q;
+                if bytes {
+                    xq8[layout::i8_index(ty, b, e)] = q as i8;
+                }
+            }
+            sx[b] = amax / q_max;
+            zq[b] = (ty.zero_point() * sum) as f32;
+        }
+        (xq, xq8, sx, zq)
+    }
+
+    type Prepared = (Vec<i16>, Vec<i8>, Vec<f32>, Vec<f32>);
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    #[test]
+    fn update_equals_the_plain_rule() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for ty in PnType::ALL {
+            let bpw = ty.weights_per_block();
+            for precision in [TilePrecision::I16, TilePrecision::I8] {
+                let mut p = PreparedI16::with_precision(ty, precision, &vec![0.0; bpw]).unwrap();
+                for nb in [1usize, 2, 3, 7, 64] {
+                    // Random magnitudes over many octaves, exact halves of the grid, zeros,
+                    // a non-finite block.
+                    let mut x: Vec<f32> = (0..nb * bpw)
+                        .map(|_| {
+                            let r = next();
+                            let m = f32::from_bits(0x3f80_0000 | (r as u32 & 0x007f_ffff)) - 1.0;
+                            let e = ((r >> 32) % 40) as i32 - 20;
+                            let s = if r >> 63 == 1 { -1.0 } else { 1.0 };
+                            s * m * 2f32.powi(e)
+                        })
+                        .collect();
+                    x[..bpw].iter_mut().enumerate().for_each(|(i, v)| {
+                        *v = (i as f32 - 40.0) * 0.5;
+                    });
+                    if nb > 2 {
+                        x[bpw..2 * bpw].fill(0.0);
+                        x[2 * bpw + 3] = if nb % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                    }
+                    p.update(&x).unwrap();
+                    let (xq, xq8, sx, zq) = reference(ty, precision, &x);
+                    assert_eq!(&p.xq[..], &xq[..], "{ty} {precision:?} nb={nb}: xq");
+                    assert_eq!(&p.xq8[..], &xq8[..], "{ty} {precision:?} nb={nb}: xq8");
+                    assert_eq!(bits(&p.sx), bits(&sx), "{ty} {precision:?} nb={nb}: sx");
+                    assert_eq!(bits(&p.zq), bits(&zq), "{ty} {precision:?} nb={nb}: zq");
+                }
+            }
+        }
+    }
 }

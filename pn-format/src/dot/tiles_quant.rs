@@ -40,7 +40,7 @@ fn tile_perm(ty: PnType) -> [u8; MAX_BPW] {
 /// `v.round() as i32` (half away from zero) for `|v| <= 32767` or NaN (0), without the libm
 /// call: the truncation is exact below 2^31 and so is the fraction `v - trunc(v)`.
 #[inline(always)]
-fn round_away(v: f32) -> i32 {
+pub(super) fn round_away(v: f32) -> i32 {
     let t = v as i32;
     let f = v - t as f32;
     t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
@@ -48,7 +48,7 @@ fn round_away(v: f32) -> i32 {
 
 /// One block's scale `sx = amax / q_max` (NaN if any value is not finite) and its inverse
 /// `q_max / amax` (0 for an all-zero or non-finite block).
-fn block_scale(xb: &[f32], q_max: f32) -> (f32, f32) {
+pub(super) fn block_scale(xb: &[f32], q_max: f32) -> (f32, f32) {
     let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let amax = if xb.iter().all(|v| v.is_finite()) {
         amax
