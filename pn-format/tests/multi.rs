@@ -101,13 +101,15 @@ fn matches_one_matvec_per_vector_on_every_isa() {
 #[test]
 fn many_rows_and_long_rows_cross_row_and_block_tiles() {
     // The SIMD pass walks 16-row tiles and block tiles of 16..64 blocks (fewer for more
-    // vectors), prefetching ahead in that order: 37 rows and 150 blocks end both mid-tile.
+    // vectors), prefetching ahead in that order: 37 rows and 150 blocks end both mid-tile. Two
+    // rows at a time (AVX-512, up to 4 vectors) take whole rows where the vectors fit L1
+    // (1 vector here, 2 with a 48 KB L1) and tiles otherwise.
     let (nb, rows) = (150, 37);
     let mut rng = Rng(77);
     for ty in PnType::ALL {
         let k = nb * ty.weights_per_block();
         let w = random_rows(nb, rows, 9);
-        for m in [1, 3, 8, 11] {
+        for m in [1, 2, 3, 4, 8, 11] {
             let xs: Vec<Vec<f32>> = (0..m).map(|_| rng.normals(k, 2.0)).collect();
             let acts: Vec<PreparedI16> = xs
                 .iter()

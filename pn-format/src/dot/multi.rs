@@ -97,10 +97,22 @@ const ACT_TILE_BYTES: usize = 28 * 1024;
 /// Rows that share one activation tile before the next tile is loaded.
 const ROW_TILE: usize = 16;
 
-/// Blocks per activation tile for `m` vectors: a multiple of 16 (the per-block tables are read
-/// 16 at a time, so a tile starts on a table boundary and an even block).
-fn tile_blocks(ty: PnType, m: usize) -> usize {
+/// Blocks per activation tile for `m` vectors of `nb` blocks: a multiple of 16 (the per-block
+/// tables are read 16 at a time, so a tile starts on a table boundary and an even block), or
+/// the whole row where `whole_rows` allows it and the vectors fill at most two thirds of the L1
+/// data cache of `l1d` bytes.
+///
+/// Whole rows read the matrix front to back, and the two-row kernel then keeps DRAM streaming:
+/// in tiles, a pass reads the first `kc` blocks of 16 rows and comes back for the rest, and
+/// from DRAM that cost the 27B `ffn_up` pass with 3 vectors (pn3t, 30 KB of activations, 48 KB
+/// L1) 5.9 ms against 4.7-4.8 in whole rows (`pn_verify`, one thread; 3.1 against 2.4 on two).
+/// At the `ffn_down` shape (104 KB of activations) whole rows, from L2, were slower than tiles
+/// (5.6 ms against 5.2-5.4), and tiles of 16, 20 or 28 KB alike.
+fn tile_blocks(ty: PnType, m: usize, nb: usize, whole_rows: bool, l1d: usize) -> usize {
     let per_block = m * ty.weights_per_block() * 2;
+    if whole_rows && per_block * nb * 3 <= l1d * 2 {
+        return nb;
+    }
     (ACT_TILE_BYTES / per_block / 16 * 16).max(16)
 }
 
@@ -149,6 +161,25 @@ impl Walk {
         })
     }
 
+    /// The first bytes of the two pieces `lead` and `lead + 1` steps after `c`'s in the walk
+    /// (null past the last piece): where the two-row kernel working on the pieces at `c` and
+    /// after it prefetches.
+    fn pieces_ahead(&self, c: Cursor, lead: usize, weights: &[u8]) -> [*const u8; 2] {
+        let mut out = [std::ptr::null(); 2];
+        let mut at = c;
+        // `next` only of cursors that name a piece (past the last one it is undefined).
+        for step in 0..lead + 2 {
+            let Some((start, _)) = self.piece(at) else {
+                break;
+            };
+            if step >= lead {
+                out[step - lead] = weights[start..].as_ptr();
+            }
+            at = self.next(at);
+        }
+        out
+    }
+
     /// The piece after `c`'s, in the order the pass reads them (offset 0).
     fn next(&self, c: Cursor) -> Cursor {
         let nr = ROW_TILE.min(self.rows - c.r0);
@@ -174,6 +205,14 @@ impl Walk {
             }
         }
     }
+}
+
+/// How many pieces of `len` bytes ahead of a two-row step its prefetches go: at least the
+/// next pair of rows, and at least `ahead` bytes ([`super::x86::prefetch_bytes`]). Farther, at
+/// twice the bytes, the 27B `ffn_up` pass with 3 vectors in whole rows was 7% slower from DRAM.
+#[cfg(target_arch = "x86_64")]
+fn pair_lead(ahead: usize, len: usize) -> usize {
+    ahead.div_ceil(len.max(1)).max(2)
 }
 
 /// Software prefetch for a tiled AVX-512 pass: a cursor kept [`super::x86::prefetch_bytes`]
@@ -245,7 +284,9 @@ fn tiled_simd(
     };
     let m = acts.len();
     debug_assert!((1..=MAX_ACTS).contains(&m) && outs.len() == m);
-    let kc = tile_blocks(ty, m);
+    // Two rows at a time where the kernel exists (AVX-512, few vectors).
+    let pairs = isa != Isa::Avx2 && m <= PAIR_MAX_ACTS;
+    let kc = tile_blocks(ty, m, nb, pairs, super::x86_cache::l1d_bytes());
     let values_per_pair = 2 * ty.weights_per_block();
     let null = ActPtrs {
         xq: std::ptr::null(),
@@ -253,17 +294,17 @@ fn tiled_simd(
         zq: std::ptr::null(),
     };
     let walk = Walk { rows, nb, kc };
-    // Two rows at a time (AVX-512, few vectors) read twice as fast, so they prefetch twice as
-    // far ahead: at the decode kernels' distance, the 27B `ffn_up` pass with 3 vectors (pn3t,
-    // compute-bound with one row at a time) was 10-20% slower in pairs than one row at a time
-    // from DRAM while 15% faster from L2 (alternated, one thread).
-    let pairs = isa != Isa::Avx2 && m <= PAIR_MAX_ACTS;
-    let ahead = super::x86::prefetch_bytes() * if pairs { 2 } else { 1 };
-    // The AVX2 kernel prefetches along its row itself: its arithmetic is slow enough that the
-    // pass is compute-bound, and there this cursor's burst of prefetches ahead of each piece
-    // cost more than it saved (27B `ffn_up`, 3 vectors, from DRAM: 8.1-8.9 ns a block pair
-    // against 7.5-7.8 with the kernel's own prefetch, 7.1-7.7 with the weights in L2).
-    let mut prefetch = (isa != Isa::Avx2).then(|| Prefetch::start(walk, weights, ahead));
+    let ahead = super::x86::prefetch_bytes();
+    // The one-row AVX-512 kernel (more than `PAIR_MAX_ACTS` vectors) takes this cursor's
+    // prefetch, a burst ahead of each piece in the walk's order. The two-row kernel prefetches
+    // the pieces `pair_lead` steps ahead itself, a 16-block group at a time between its
+    // multiply-adds: the bursts had it wait on L1's miss buffers (27B `ffn_down`, 3 vectors,
+    // from DRAM: 6.2 ms against 5.2-5.3 one thread, 3.1-3.3 against 2.6-2.8 two). The AVX2
+    // kernel prefetches along its row itself: its arithmetic is slow enough that the pass is
+    // compute-bound, and there this cursor's burst of prefetches ahead of each piece cost more
+    // than it saved (27B `ffn_up`, 3 vectors, from DRAM: 8.1-8.9 ns a block pair against
+    // 7.5-7.8 with the kernel's own prefetch, 7.1-7.7 with the weights in L2).
+    let mut prefetch = (isa != Isa::Avx2 && !pairs).then(|| Prefetch::start(walk, weights, ahead));
     // `[row of the tile][vector]`: the partial sums of the current row tile.
     let mut sums = [[0f32; MAX_ACTS]; ROW_TILE];
     let mut ptrs = [null; MAX_ACTS];
@@ -296,14 +337,14 @@ fn tiled_simd(
         unsafe {
             if pair {
                 let (start1, _) = walk.piece(next).expect("the next row of the block tile");
-                if let Some(p) = &mut prefetch {
-                    p.advance(2 * len);
-                }
                 let rows = [row, weights[start1..start1 + len].as_ptr()];
+                let later = walk.pieces_ahead(at, pair_lead(ahead, len), weights);
                 let outs = [&mut p0[..m], &mut p1[..m]];
                 match isa {
-                    Isa::Avx512Vnni => multi2_i16_avx512::<true>(ty, rows, nbc, &ptrs[..m], outs),
-                    _ => multi2_i16_avx512::<false>(ty, rows, nbc, &ptrs[..m], outs),
+                    Isa::Avx512Vnni => {
+                        multi2_i16_avx512::<true>(ty, rows, later, nbc, &ptrs[..m], outs)
+                    }
+                    _ => multi2_i16_avx512::<false>(ty, rows, later, nbc, &ptrs[..m], outs),
                 }
             } else {
                 if let Some(p) = &mut prefetch {
@@ -452,6 +493,51 @@ mod tests {
             kc: 16
         })
         .is_empty());
+    }
+
+    #[test]
+    fn two_row_steps_prefetch_the_pieces_that_follow_them() {
+        let walk = Walk {
+            rows: 37,
+            nb: 150,
+            kc: 48,
+        };
+        let weights = vec![0u8; 37 * 150 * BLOCK_BYTES];
+        let all = pieces(walk);
+        for (n, &(at, _, _)) in all.iter().enumerate() {
+            for lead in [2, 3, 7] {
+                let want: Vec<*const u8> = (n + lead..n + lead + 2)
+                    .map(|k| {
+                        all.get(k)
+                            .map_or(std::ptr::null(), |&(_, start, _)| weights[start..].as_ptr())
+                    })
+                    .collect();
+                assert_eq!(
+                    walk.pieces_ahead(at, lead, &weights).to_vec(),
+                    want,
+                    "piece {n}"
+                );
+            }
+        }
+        // At least the next pair of rows, and at least `ahead` bytes.
+        assert_eq!(pair_lead(4096, 2176), 2);
+        assert_eq!(pair_lead(4096, 1088), 4);
+        assert_eq!(pair_lead(6144, 2176), 3);
+        assert_eq!(pair_lead(0, 544), 2);
+    }
+
+    #[test]
+    fn tiles_are_whole_rows_only_for_pairs_whose_vectors_fit_l1() {
+        // 27B `ffn_up` (pn3t, 64 blocks) with 3 vectors: 30 KB, whole rows in a 48 KB L1.
+        assert_eq!(tile_blocks(PnType::Pn3t, 3, 64, true, 48 << 10), 64);
+        // Not in a 32 KB one, nor for the one-row kernel, nor with 4 vectors (40 KB).
+        assert_eq!(tile_blocks(PnType::Pn3t, 3, 64, true, 32 << 10), 48);
+        assert_eq!(tile_blocks(PnType::Pn3t, 3, 64, false, 48 << 10), 48);
+        assert_eq!(tile_blocks(PnType::Pn3t, 4, 64, true, 48 << 10), 32);
+        // `ffn_down` (pn4t, 272 blocks): 104 KB, tiles.
+        assert_eq!(tile_blocks(PnType::Pn4t, 3, 272, true, 48 << 10), 64);
+        // Tiles are whole 16-block groups, at least one.
+        assert_eq!(tile_blocks(PnType::Pn4t, 8, 272, true, 48 << 10), 16);
     }
 
     #[test]

@@ -256,8 +256,18 @@ pub(super) const PREFETCH_BYTES: usize = 2048;
 /// 6 KiB, 2.39-2.65 at 8 KiB; pn3t 1.59-2.05 -> 1.51-1.90).
 pub(super) const PREFETCH_BYTES_AMD: usize = 6144;
 
+/// The prefetch distance on Emerald Rapids (Intel family 6, model 0xCF). Unlike Sapphire
+/// Rapids (see [`PREFETCH_BYTES`]), 2 KiB is too short there: from DRAM the kernels waited on
+/// their loads (`pn_decode`, DRAM ring, 2 vCPUs of an Emerald Rapids Xeon, four alternated runs of 2 and
+/// 4 KiB, `read time / kernel time`, 1 / 2 threads: AVX-512 pn3t 0.90/0.89 -> 0.94/0.92, AVX2
+/// pn3t 0.86/0.83 -> 0.89/0.87, AVX-512 pn4t 0.93/0.94 -> 0.95/0.94, AVX2 pn4t 0.91/0.90 ->
+/// 0.93/0.93; 3 and 6 KiB within the noise of 4, 8 KiB slower; the whole 27B decode, `pn
+/// bench -n 16 --spec none -t 2`, alternated: 1.55-1.71 tokens/s at 2 KiB, 1.60-1.74 at 4).
+pub(super) const PREFETCH_BYTES_EMR: usize = 4096;
+
 /// The prefetch distance in bytes: `PN_PREFETCH_BYTES` if set (for tuning on a new machine),
-/// else [`PREFETCH_BYTES_AMD`] on AMD and [`PREFETCH_BYTES`] elsewhere.
+/// else [`PREFETCH_BYTES_AMD`] on AMD, [`PREFETCH_BYTES_EMR`] on Emerald Rapids and
+/// [`PREFETCH_BYTES`] elsewhere.
 pub fn prefetch_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
@@ -265,6 +275,7 @@ pub fn prefetch_bytes() -> usize {
         match env.and_then(|v| v.parse::<usize>().ok()) {
             Some(b) => b.min(1 << 16),
             None if is_amd() => PREFETCH_BYTES_AMD,
+            None if is_emerald_rapids() => PREFETCH_BYTES_EMR,
             None => PREFETCH_BYTES,
         }
     })
@@ -306,6 +317,25 @@ fn amd_family() -> u32 {
     } else {
         base
     }
+}
+
+/// Whether this is an Intel Emerald Rapids core: family 6, display model 0xCF (the extended
+/// model in bits 16..20 of CPUID leaf 1's `eax`, the base model in bits 4..8).
+fn is_emerald_rapids() -> bool {
+    !is_amd() && intel_family_model(__cpuid(1).eax) == (6, 0xcf)
+}
+
+/// Intel's display family and model from CPUID leaf 1's `eax`: the extended model (bits
+/// 16..20) is the model's high nibble for families 6 and 15.
+fn intel_family_model(eax: u32) -> (u32, u32) {
+    let family = (eax >> 8) & 0xf;
+    let base = (eax >> 4) & 0xf;
+    let model = if family == 6 || family == 0xf {
+        ((eax >> 12) & 0xf0) | base
+    } else {
+        base
+    };
+    (family, model)
 }
 
 /// Whether the CPU is an AMD one (CPUID vendor "AuthenticAMD"): its ports differ from Intel's
@@ -358,11 +388,39 @@ pub(super) fn prefetch_range(start: *const u8, len: usize) {
     }
 }
 
-/// Sixteen consecutive block scales (raw fp16) starting at block `b`, as one vector. Each is a
-/// scalar load inserted in a register: a table on the stack read back as a vector would stall
-/// on store forwarding (measured: the scale table was most of the kernel's time).
+/// Whether the AVX-512 kernels read the 16 scales of a block group with one gather
+/// ([`scales16`]): `PN_SCALE_GATHER=1` or `0` forces it either way (A/B runs, a new CPU);
+/// otherwise on Intel. There the 16 inserts of the other way are 15 shuffle-port operations per
+/// group, on the port that the multishifts and permutes of the kernels also need; the gather's
+/// loads go to the load ports. Weights in L2 (`cargo run --release -p pn-format --example
+/// kernel_cpu`, Emerald Rapids, two alternated runs each): the AVX-512 decode kernel's pn3t
+/// 14.56-14.58 -> 15.13 B/ns, pn4t 18.00 -> 18.15-18.17 B/ns; the three-vector kernel within
+/// 1%. Not measured on AMD, where the inserts stay.
+pub fn scales_by_gather() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("PN_SCALE_GATHER").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !is_amd(),
+    })
+}
+
+/// Sixteen consecutive block scales (raw fp16) starting at block `b`, as one vector: one gather
+/// of the 16 scales' dwords (each the scale and the first two code bytes; the last ends inside
+/// block `b + 15`) narrowed to 16 bits when `gather` ([`scales_by_gather`]; the callers are
+/// AVX-512F code), else each a scalar load inserted in a register: a table on the stack read
+/// back as a vector would stall on store forwarding (measured: the scale table was most of the
+/// kernel's time).
 #[inline(always)]
-pub(super) unsafe fn scales16(p: *const u8, b: usize) -> __m256i {
+pub(super) unsafe fn scales16(p: *const u8, b: usize, gather: bool) -> __m256i {
+    if gather {
+        // Byte offsets of the 16 blocks' scales.
+        let idx = _mm512_setr_epi32(
+            0, 34, 68, 102, 136, 170, 204, 238, 272, 306, 340, 374, 408, 442, 476, 510,
+        );
+        let dwords = _mm512_i32gather_epi32::<1>(idx, p.add(BLOCK_BYTES * b) as *const i32);
+        return _mm512_cvtepi32_epi16(dwords);
+    }
     let h = |i: usize| std::ptr::read_unaligned(p.add(BLOCK_BYTES * (b + i)) as *const u16) as i16;
     _mm256_setr_epi16(
         h(0),
@@ -468,6 +526,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
     let xp = xq.as_ptr();
     let ahead = prefetch_bytes();
     let level = prefetch_level(2 * S * 16 * nb, ahead);
+    let gather = scales_by_gather();
     // Two f32 accumulators, even and odd pairs: one FMA per pair into a single accumulator
     // is a dependency chain of 4 cycles per pair on Zen 5, which was most of pn4t's time
     // (5.8 cycles per pair with the weights in L2).
@@ -482,7 +541,7 @@ unsafe fn i16_avx512_body<const BITS: u32, const S: usize, const VNNI: bool, con
     // Whole groups of 16 blocks: scales in one vector, spread to each pair by a permute.
     while b + 16 <= nb {
         prefetch_ahead(p, b, 16, ahead, level);
-        let dv = _mm512_cvtph_ps(scales16(p, b));
+        let dv = _mm512_cvtph_ps(scales16(p, b, gather));
         let dsx = _mm512_mul_ps(dv, _mm512_loadu_ps(sx.as_ptr().add(b)));
         corr = _mm512_fmadd_ps(dsx, _mm512_loadu_ps(zq.as_ptr().add(b)), corr);
         let mut idx = first;
@@ -666,6 +725,54 @@ pub(super) mod tests {
         *s ^= *s >> 7;
         *s ^= *s << 17;
         (*s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    #[test]
+    fn scale_gather_reads_what_the_inserts_read() {
+        if !std::arch::is_x86_feature_detected!("avx512bw") {
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx2")]
+        unsafe fn both(p: *const u8, b: usize) -> ([u16; 16], [u16; 16]) {
+            let (mut g, mut i) = ([0u16; 16], [0u16; 16]);
+            _mm256_storeu_si256(g.as_mut_ptr() as *mut __m256i, scales16(p, b, true));
+            _mm256_storeu_si256(i.as_mut_ptr() as *mut __m256i, scales16(p, b, false));
+            (g, i)
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        // 40 blocks of random bytes at every alignment: groups at blocks 0..=24, so the last
+        // group's gather ends 2 bytes into the row's last block.
+        let bytes: Vec<u8> = (0..40 * BLOCK_BYTES + 3)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect();
+        for offset in 0..4 {
+            let row = &bytes[offset..offset + 40 * BLOCK_BYTES];
+            for b in 0..=24 {
+                // SAFETY: AVX-512BW checked; blocks `b..b + 16` lie inside `row`.
+                let (g, i) = unsafe { both(row.as_ptr(), b) };
+                let want: Vec<u16> = (b..b + 16)
+                    .map(|k| u16::from_le_bytes([row[k * BLOCK_BYTES], row[k * BLOCK_BYTES + 1]]))
+                    .collect();
+                assert_eq!(g.to_vec(), want, "gather, offset {offset} block {b}");
+                assert_eq!(i.to_vec(), want, "inserts, offset {offset} block {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn intel_models_decode_from_cpuid() {
+        // Signatures (CPUID leaf 1 `eax`) of an Emerald Rapids, a Sapphire Rapids, a Broadwell
+        // Xeon and a Pentium 4 (family 15 keeps its extended model too).
+        assert_eq!(intel_family_model(0x000c_06f2), (6, 0xcf));
+        assert_eq!(intel_family_model(0x0008_06f8), (6, 0x8f));
+        assert_eq!(intel_family_model(0x0004_06f1), (6, 0x4f));
+        assert_eq!(intel_family_model(0x0000_0f29), (0xf, 0x2));
+        assert_eq!(intel_family_model(0x0001_0f41), (0xf, 0x14));
     }
 
     #[test]

@@ -185,6 +185,7 @@ unsafe fn i8_avx512<const BITS: u32, const E: usize, const M: usize>(
 ) -> [f32; M] {
     let ahead = prefetch_bytes();
     let level = int8_prefetch_level(M * E * 32 * nb, ahead);
+    let gather = super::x86::scales_by_gather();
     // Per vector: two f32 accumulators (even and odd pairs; see `x86::i16_avx512_body`) and
     // the zero-point correction.
     let mut t0 = [_mm512_setzero_ps(); M];
@@ -197,7 +198,7 @@ unsafe fn i8_avx512<const BITS: u32, const E: usize, const M: usize>(
     let mut b = 0;
     while b + 16 <= nb {
         prefetch_ahead(p, b, 16, ahead, level);
-        let dv = _mm512_cvtph_ps(scales16(p, b));
+        let dv = _mm512_cvtph_ps(scales16(p, b, gather));
         let mut dsx = [_mm512_setzero_ps(); M];
         for a in 0..M {
             dsx[a] = _mm512_mul_ps(dv, _mm512_loadu_ps(acts[a].sx.add(b)));

@@ -6,7 +6,7 @@
 //! every activation set was prepared for `nb` blocks of the same type (i16 values padded to an
 //! even block count, per-block tables padded to a multiple of 16 blocks).
 
-use super::x86::{prefetch_ahead, scales16, scales8};
+use super::x86::{prefetch_ahead, scales16, scales8, scales_by_gather};
 use super::x86_cache::PrefetchLevel;
 use crate::types::{PnType, BLOCK_BYTES};
 use std::arch::x86_64::*;
@@ -210,6 +210,7 @@ unsafe fn body512<
 ) {
     debug_assert!(acts.len() == M && out.len() == M);
     let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
+    let gather = scales_by_gather();
     let mut t = [_mm512_setzero_ps(); M];
     // Lanes 0..8 select the even block's scale, 8..16 the odd block's.
     let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -220,7 +221,7 @@ unsafe fn body512<
         // vector stalls on store forwarding. (The caller prefetches the weights, in the order
         // in which it hands out rows and blocks: see `multi::Prefetch`.)
         let hv = if n == 16 {
-            scales16(p, b)
+            scales16(p, b, gather)
         } else {
             let hs = scale_bits(p, b, n);
             _mm256_loadu_si256(hs.as_ptr() as *const __m256i)
@@ -274,9 +275,15 @@ pub const PAIR_MAX_ACTS: usize = 4;
 /// for both rows. With three vectors the one-row kernel issued one 64-byte activation load per
 /// `vpdpwssd`, and those loads, not the multiply-adds, set its pace on pn3t (15 loads a block
 /// pair).
+///
+/// `ahead[r]`, where not null, is where the weights `rows[r]` will be followed in the pass (the
+/// same blocks some rows further on): each 16-block group of the row is prefetched there as the
+/// group is multiplied, so the prefetches spread over the arithmetic instead of coming in a
+/// burst per call.
 pub unsafe fn multi2_i16_avx512<const VNNI: bool>(
     ty: PnType,
     rows: [*const u8; 2],
+    ahead: [*const u8; 2],
     nb: usize,
     acts: &[ActPtrs],
     outs: [&mut [f32]; 2],
@@ -284,10 +291,10 @@ pub unsafe fn multi2_i16_avx512<const VNNI: bool>(
     macro_rules! by_count4 {
         ($f:ident::<$b:literal, $s:literal, $v:literal, $ms:literal>) => {
             match acts.len() {
-                1 => $f::<$b, $s, 1, $v, $ms>(rows, nb, acts, outs),
-                2 => $f::<$b, $s, 2, $v, $ms>(rows, nb, acts, outs),
-                3 => $f::<$b, $s, 3, $v, $ms>(rows, nb, acts, outs),
-                _ => $f::<$b, $s, 4, $v, $ms>(rows, nb, acts, outs),
+                1 => $f::<$b, $s, 1, $v, $ms>(rows, ahead, nb, acts, outs),
+                2 => $f::<$b, $s, 2, $v, $ms>(rows, ahead, nb, acts, outs),
+                3 => $f::<$b, $s, 3, $v, $ms>(rows, ahead, nb, acts, outs),
+                _ => $f::<$b, $s, 4, $v, $ms>(rows, ahead, nb, acts, outs),
             }
         };
     }
@@ -315,11 +322,12 @@ macro_rules! pair_entries {
                 const VBMI: bool,
             >(
                 rows: [*const u8; 2],
+                ahead: [*const u8; 2],
                 nb: usize,
                 acts: &[ActPtrs],
                 outs: [&mut [f32]; 2],
             ) {
-                pair_body512::<BITS, S, M, VNNI, VBMI>(rows, nb, acts, outs)
+                pair_body512::<BITS, S, M, VNNI, VBMI>(rows, ahead, nb, acts, outs)
             }
         )*
     };
@@ -343,11 +351,13 @@ unsafe fn pair_body512<
     const VBMI: bool,
 >(
     rows: [*const u8; 2],
+    ahead: [*const u8; 2],
     nb: usize,
     acts: &[ActPtrs],
     outs: [&mut [f32]; 2],
 ) {
     debug_assert!(acts.len() == M && outs.iter().all(|o| o.len() == M));
+    let gather = scales_by_gather();
     let a: [ActPtrs; M] = std::array::from_fn(|m| acts[m]);
     // `[row][vector]`: the running sums and the group's per-block scales `d * sx`.
     let mut t = [[_mm512_setzero_ps(); M]; 2];
@@ -357,8 +367,13 @@ unsafe fn pair_body512<
         let n = (nb - b).min(16);
         let mut dsx = [[_mm512_setzero_ps(); M]; 2];
         unroll!(r < 2, {
+            if !ahead[r].is_null() {
+                prefetch_ahead(ahead[r], b, n, 0, PrefetchLevel::L1);
+            }
+        });
+        unroll!(r < 2, {
             let hv = if n == 16 {
-                scales16(rows[r], b)
+                scales16(rows[r], b, gather)
             } else {
                 let hs = scale_bits(rows[r], b, n);
                 _mm256_loadu_si256(hs.as_ptr() as *const __m256i)
@@ -567,12 +582,12 @@ mod tests {
                         unsafe {
                             let outs = [&mut t0[..m], &mut t1[..m]];
                             if use_vnni {
-                                multi2_i16_avx512::<true>(ty, rp, nb, a, outs);
+                                multi2_i16_avx512::<true>(ty, rp, rp, nb, a, outs);
                                 for (r, o) in one.iter_mut().enumerate() {
                                     multi_i16_avx512::<true>(ty, rp[r], nb, a, &mut o[..m]);
                                 }
                             } else {
-                                multi2_i16_avx512::<false>(ty, rp, nb, a, outs);
+                                multi2_i16_avx512::<false>(ty, rp, rp, nb, a, outs);
                                 for (r, o) in one.iter_mut().enumerate() {
                                     multi_i16_avx512::<false>(ty, rp[r], nb, a, &mut o[..m]);
                                 }
