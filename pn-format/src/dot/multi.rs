@@ -215,7 +215,9 @@ fn pair_lead(ahead: usize, len: usize) -> usize {
     ahead.div_ceil(len.max(1)).max(2)
 }
 
-/// Software prefetch for a tiled AVX-512 pass: a cursor kept [`super::x86::prefetch_bytes`]
+/// Software prefetch for a tiled AVX-512 pass of the one-row kernel (more than
+/// [`super::x86_multi::PAIR_MAX_ACTS`] vectors; the two-row kernel prefetches itself, see
+/// [`Walk::pieces_ahead`]): a cursor kept [`super::x86::prefetch_bytes`]
 /// ahead of the reads, in the order the pass makes them. The decode kernels prefetch a fixed
 /// distance along the row, but here the next piece read is usually the next row's: fetched
 /// along the row, a later block tile of the same row came in early and the next row's piece
